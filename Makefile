@@ -1,0 +1,38 @@
+# modelfleet — the two commands a newcomer needs:
+#   make up     bring up the local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+#               the process kubelet, Prometheus) built from the official Go modules
+#   make test   every test: fmt, clippy, unit + integration tests, and the end-to-end suite
+# `make setup` installs what both need on a fresh Debian machine (called by both).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+
+.PHONY: setup build up down test lint unit e2e crds clean-cluster
+
+setup:
+	bash e2e/scripts/setup.sh
+
+build:
+	$(CARGO) build --workspace --bins
+
+up: setup build
+	e2e/cluster up
+	@echo; echo 'Use it from your shell:  eval "$$(e2e/cluster env)"; kubectl get nodes'
+
+down:
+	e2e/cluster down
+
+crds:
+	$(CARGO) run -q -p modelfleet-operator -- crds --out-dir crds
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit:
+	$(CARGO) test --workspace
+
+e2e: build
+	bash e2e/scripts/run-e2e.sh
+
+test: setup lint unit e2e

@@ -1,0 +1,388 @@
+//! `ModelDeployment`: a model pinned by content digest, served by a fleet of runtime pods.
+//!
+//! The spec is what a platform team keeps in Git; the status is recomputed by the operator from what
+//! it observes. The autoscaler's decision lives in `status.desiredReplicas` — never in the spec — so
+//! GitOps tools see no drift. The `scale` subresource maps to `spec.replicas` / `status.replicas` /
+//! `status.selector` so `kubectl scale`, HPA and KEDA can drive a deployment in `External` mode.
+
+use crate::common::{DIGEST_PATTERN, SERVED_NAME_PATTERN, SecretKeyRef, URI_PATTERN};
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a model fleet.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "modelfleet.io",
+    version = "v1alpha1",
+    kind = "ModelDeployment",
+    namespaced,
+    status = "ModelDeploymentStatus",
+    shortname = "md",
+    category = "modelfleet",
+    doc = "A model pinned by content digest and served by a fleet of modelfleet-runtime pods",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.servedName"),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".status.desiredReplicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "Queue", type_ = "integer", json_path = ".status.observedMetrics.queueDepth"),
+    printcolumn(name = "KV %", type_ = "integer", json_path = ".status.observedMetrics.kvCacheUtilizationPercent"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new(
+        "!has(self.spec.autoscaling) || self.spec.autoscaling.mode != 'Builtin' || !has(self.spec.replicas)"
+    ).message(
+        "spec.replicas must not be set while spec.autoscaling.mode is Builtin: the built-in autoscaler owns the \
+         replica count (set mode External or Disabled to choose replicas yourself)"
+    ).field_path(".spec.replicas")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDeploymentSpec {
+    /// The model artifact: where it comes from and the digest its bytes must match.
+    pub model: ModelSource,
+    /// How each runtime pod is run and sized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeSpec>,
+    /// Fixed replica count. Forbidden while `autoscaling.mode` is `Builtin`; in `External` mode this is
+    /// what HPA or KEDA writes through the `scale` subresource. Defaults to 1 when nothing sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: Option<i32>,
+    /// Replica autoscaling from queue depth and KV-cache pressure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingSpec>,
+    /// API keys → tenant ids: a Secret key holding the runtime's tenants file. It is mounted, not copied,
+    /// so rotating the Secret rotates keys without a restart. Without it the fleet runs single-tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<TenantsSpec>,
+}
+
+/// A model artifact pinned by content digest.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSource {
+    /// `file:///path`, `http(s)://…`, or `hf://org/repo@revision`. A Hugging Face model directory, a
+    /// single `.gguf` file, or a directory holding exactly one `.gguf` file.
+    #[schemars(length(min = 1, max = 2048), regex(pattern = URI_PATTERN))]
+    pub uri: String,
+    /// Canonical content digest the fetched bytes must match: `sha256:<64 hex>` (see the user guide).
+    #[schemars(regex(pattern = DIGEST_PATTERN))]
+    pub digest: String,
+    /// The name clients put in `model`. Defaults to the ModelDeployment's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = SERVED_NAME_PATTERN))]
+    pub served_name: Option<String>,
+}
+
+/// Runtime pod settings. Every field is optional; the runtime's defaults apply.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeSpec {
+    /// Container image of `modelfleet-runtime`. Defaults to the operator's configured image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: Option<String>,
+    /// CPU, memory and accelerator (`nvidia.com/gpu`) requests and limits of the runtime container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Compute threads per pod (several pods may share a node). Defaults to the CPU limit, else all cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub threads: Option<i32>,
+    /// Longest context (prompt + completion) in tokens. Defaults to the model's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 16, max = 1048576))]
+    pub max_model_len: Option<i32>,
+    /// Most sequences in one engine step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_num_seqs: Option<i32>,
+    /// Token budget of one engine step (decode tokens plus prefill chunks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 16, max = 1048576))]
+    pub max_num_batched_tokens: Option<i32>,
+    /// Admission caps: requests beyond these are answered 429 at once, never queued without bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueSpec>,
+    /// Paged KV-cache sizing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<KvCacheSpec>,
+    /// Prefix caching of full KV blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_caching: Option<PrefixCachingSpec>,
+    /// LoRA residency limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraLimitsSpec>,
+    /// Extra `modelfleet-runtime serve` flags, appended after the ones the operator sets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub extra_args: Vec<String>,
+    /// Extra environment variables of the runtime container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub env: Vec<EnvVar>,
+}
+
+/// Bounded admission queue per pod.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueSpec {
+    /// Most requests waiting (all tenants) before new ones get 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub max_num_queued_reqs: Option<i32>,
+    /// Most prompt tokens waiting (all tenants) before new requests get 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000000))]
+    pub max_num_queued_tokens: Option<i64>,
+}
+
+/// Paged KV-cache sizing.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct KvCacheSpec {
+    /// Tokens per KV block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in [8, 16, 32, 64, 128]").message("blockSize must be one of 8, 16, 32, 64, 128"))]
+    pub block_size: Option<i32>,
+    /// Number of KV blocks. Defaults to what fits the pod's memory after the weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16777216))]
+    pub num_blocks: Option<i32>,
+}
+
+/// Who may share cached prefixes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PrefixCacheScope {
+    /// Cached prefixes are reused only by the tenant that produced them (the default).
+    #[default]
+    Tenant,
+    /// All tenants of this deployment share cached prefixes; must be chosen explicitly.
+    Deployment,
+}
+
+/// Prefix caching of full KV blocks.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PrefixCachingSpec {
+    /// Turn prefix caching on or off.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Who may share cached prefixes.
+    #[serde(default)]
+    pub scope: PrefixCacheScope,
+}
+
+/// LoRA residency limits of each pod.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LoraLimitsSpec {
+    /// Most adapters active in one engine step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub max_loras: Option<i32>,
+    /// Most adapters kept in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_cpu_loras: Option<i32>,
+    /// Highest adapter rank accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 512))]
+    pub max_lora_rank: Option<i32>,
+}
+
+/// Who decides the replica count.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AutoscalingMode {
+    /// The operator's autoscaler, from queue depth and KV-cache pressure; decisions in `status.desiredReplicas`.
+    #[default]
+    Builtin,
+    /// HPA or KEDA drives `spec.replicas` through the `scale` subresource; the operator follows it.
+    External,
+    /// `spec.replicas` as written.
+    Disabled,
+}
+
+/// Replica autoscaling.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("autoscaling.minReplicas must be <= autoscaling.maxReplicas").field_path(".minReplicas"))]
+pub struct AutoscalingSpec {
+    /// Who decides the replica count.
+    #[serde(default)]
+    pub mode: AutoscalingMode,
+    /// Fewest replicas (`Builtin` mode).
+    #[serde(default = "default_min_replicas")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub min_replicas: i32,
+    /// Most replicas (`Builtin` mode).
+    #[serde(default = "default_max_replicas")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_replicas: i32,
+    /// Waiting requests per replica the autoscaler aims for.
+    #[serde(default = "default_target_queue_depth")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub target_queue_depth_per_replica: i32,
+    /// Mean KV-cache utilisation (0–1] the autoscaler aims for.
+    #[serde(default = "default_target_kv")]
+    #[schemars(range(min = 0.05, max = 1.0))]
+    pub target_kv_cache_utilization: f64,
+    /// Seconds a higher recommendation must hold before scaling up.
+    #[serde(default = "default_scale_up_window")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub scale_up_stabilization_seconds: i32,
+    /// Seconds of consistently lower recommendations before scaling down.
+    #[serde(default = "default_scale_down_window")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub scale_down_stabilization_seconds: i32,
+    /// Where the autoscaler reads per-replica metrics.
+    #[serde(default)]
+    pub metrics: MetricsSourceSpec,
+}
+
+/// Where metrics come from.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MetricsSource {
+    /// Scrape each ready pod's `/metrics` directly; no Prometheus needed.
+    #[default]
+    Direct,
+    /// PromQL over the Prometheus HTTP API.
+    Prometheus,
+}
+
+/// Metrics source of the autoscaler.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.source != 'Prometheus' || has(self.prometheus)").message("metrics.prometheus.url is required when metrics.source is Prometheus").field_path(".prometheus"))]
+pub struct MetricsSourceSpec {
+    /// `Direct` (default) or `Prometheus`.
+    #[serde(default)]
+    pub source: MetricsSource,
+    /// The Prometheus server, for `source: Prometheus`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusSpec>,
+}
+
+/// A Prometheus server's HTTP API.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusSpec {
+    /// Base URL, e.g. `http://prometheus.monitoring:9090`.
+    #[schemars(length(min = 1, max = 2048), regex(pattern = "^https?://.+$"))]
+    pub url: String,
+    /// Window of `max_over_time` so short bursts count, in seconds.
+    #[serde(default = "default_prometheus_window")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub window_seconds: i32,
+}
+
+/// The tenants file.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantsSpec {
+    /// Secret key holding the tenants file (YAML or JSON; see the user guide). Default key `tenants.yaml`.
+    pub secret_ref: SecretKeyRef,
+}
+
+/// Observed state of a model fleet, recomputed by the operator on every pass.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDeploymentStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Runtime pods that exist (the `scale` subresource's status replicas).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Runtime pods that are Ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Replica count the operator is driving towards (the autoscaler's decision in `Builtin` mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<i32>,
+    /// Label selector of the runtime pods, as a string (for the `scale` subresource, HPA and KEDA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// `Ready`, `Reconciling`, `Stalled` (kstatus), `DigestVerified`, `ScalingActive`, `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    #[schemars(length(max = 16))]
+    pub conditions: Vec<Condition>,
+    /// Metrics behind the last scaling decision (written on decisions, at most every 30 s otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_metrics: Option<ObservedMetrics>,
+    /// When the replica count last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// The last few scaling decisions, newest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub recent_decisions: Vec<ScalingDecision>,
+}
+
+/// Fleet-wide metrics the autoscaler observed.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedMetrics {
+    /// Requests waiting, summed over ready replicas.
+    #[serde(default)]
+    pub queue_depth: i64,
+    /// Requests running, summed over ready replicas.
+    #[serde(default)]
+    pub running_requests: i64,
+    /// Mean KV-cache utilisation over ready replicas, in whole percent (0–100).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
+    pub kv_cache_utilization_percent: i32,
+    /// Replicas whose metrics were read.
+    #[serde(default)]
+    pub sampled_replicas: i32,
+    /// When these figures were read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+}
+
+/// One scaling decision and why.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingDecision {
+    /// When it was made.
+    pub time: Time,
+    /// Replicas before.
+    pub from: i32,
+    /// Replicas after.
+    pub to: i32,
+    /// Why, in words (e.g. "queue 37 > 3 replicas x target 4").
+    #[schemars(length(max = 1024))]
+    pub reason: String,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_min_replicas() -> i32 {
+    1
+}
+fn default_max_replicas() -> i32 {
+    4
+}
+fn default_target_queue_depth() -> i32 {
+    4
+}
+fn default_target_kv() -> f64 {
+    0.8
+}
+fn default_scale_up_window() -> i32 {
+    15
+}
+fn default_scale_down_window() -> i32 {
+    300
+}
+fn default_prometheus_window() -> i32 {
+    30
+}

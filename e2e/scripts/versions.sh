@@ -1,0 +1,7 @@
+# Pinned versions of everything the local control plane is built from, and where the builds are cached.
+# Sourced by the e2e scripts; bumping a version here rebuilds into a new cache directory.
+K8S_VERSION=v1.35.4
+ETCD_VERSION=v3.6.16
+HELM_VERSION=v3.19.5
+MF_CACHE=${MODELFLEET_CACHE:-$HOME/.cache/modelfleet}
+MF_K8S_BIN="$MF_CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION/bin"

@@ -1,0 +1,1 @@
+//! The local Kubernetes harness and end-to-end helpers.

@@ -1,0 +1,38 @@
+//! `modelfleet-runtime`: the runtime pod's binary. Subcommands:
+//! - `digest PATH` prints the canonical digest of a model or adapter directory, or of one file.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The modelfleet runtime: inference server and artifact tools.
+#[derive(Parser, Debug)]
+#[command(name = "modelfleet-runtime", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the canonical digest (`sha256:…`) of a model or adapter directory, or of one file.
+    Digest {
+        /// A directory (every regular file under it, hidden ones included) or a single file.
+        path: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Digest { path } => match modelfleet_runtime::digest::digest_path(&path) {
+            Ok(d) => {
+                println!("{d}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("modelfleet-runtime digest: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
