@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes control-plane binaries (kube-apiserver, kube-controller-manager, kubectl),
-# etcd and Helm from their official Go modules, into a cache keyed by version, outside the checkout.
+# etcd, Prometheus and Helm from their official Go modules, into a cache keyed by version, outside the checkout.
 #
 # k8s.io/kubernetes cannot be `go install`ed: its go.mod replaces every staging module with ./staging/...
 # and requires them at v0.0.0. We build from a throw-away wrapper module that requires k8s.io/kubernetes
@@ -73,12 +73,28 @@ build_helm() {
   mv "$w/bin/helm" "$BIN/helm"
 }
 
+# Debian's prometheus package is built without Kubernetes service discovery (client-go is not packaged
+# there), so Prometheus comes from its Go module too. The web UI's assets are not part of the module:
+# the HTTP API (what the autoscaler and the tests use) works; the UI pages do not.
+build_prometheus() {
+  [ -x "$BIN/prometheus" ] && { log "prometheus $PROMETHEUS_VERSION: cached"; return; }
+  local w="$WORK/prometheus-$PROMETHEUS_VERSION"
+  rm -rf "$w"; mkdir -p "$w"; cd "$w"
+  local v="github.com/prometheus/common/version"
+  log "building prometheus $PROMETHEUS_VERSION (module $PROMETHEUS_MODULE_VERSION) ..."
+  GOBIN="$w/bin" go install -trimpath \
+    -ldflags "-s -w -X $v.Version=${PROMETHEUS_VERSION#v} -X $v.Branch=release -X $v.Revision=module" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION"
+  mv "$w/bin/prometheus" "$BIN/prometheus"
+}
+
 what=${1:-all}
 case "$what" in
   kubernetes) build_kubernetes ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
-  all) build_etcd; build_kubernetes; build_helm ;;
-  *) echo "usage: $0 [all|kubernetes|etcd|helm]" >&2; exit 2 ;;
+  prometheus) build_prometheus ;;
+  all) build_etcd; build_kubernetes; build_prometheus; build_helm ;;
+  *) echo "usage: $0 [all|kubernetes|etcd|prometheus|helm]" >&2; exit 2 ;;
 esac
 log "binaries in $BIN"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the end-to-end suite: brings the local cluster up (unless MF_E2E_KEEP_CLUSTER=1 and it already
+# runs), runs every e2e scenario against it, and tears it down again, also on failure.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+keep=${MF_E2E_KEEP_CLUSTER:-0}
+cleanup() {
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "[e2e] failed; component logs follow" >&2
+    e2e/cluster logs >&2 || true
+  fi
+  [ "$keep" = 1 ] || e2e/cluster down || true
+  exit $rc
+}
+trap cleanup EXIT
+
+e2e/cluster up
+eval "$(e2e/cluster env)"
+cargo test -p modelfleet-e2e --tests -- --ignored --test-threads=4

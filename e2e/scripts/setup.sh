@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what `make up` and `make test` need on a fresh Debian machine of this project's kind
+# (Rust, Go and Python come with the machine):
+#   - Debian packages: openssl, curl, ca-certificates, procps, iproute2
+#   - the Rust toolchain's rustfmt and clippy components
+#   - kube-apiserver, kube-controller-manager, kubectl, etcd, Prometheus and Helm, built from their Go
+#     modules into ~/.cache/modelfleet (skipped when cached; see e2e/scripts/build-k8s.sh)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+need=()
+for pair in openssl:openssl curl:curl pkill:procps ip:iproute2; do
+  command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "[setup] apt-get install ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if command -v rustup >/dev/null; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+  done
+fi
+
+bash e2e/scripts/build-k8s.sh all

@@ -1,0 +1,113 @@
+//! Helpers shared by the end-to-end scenarios. They talk to the cluster that `e2e/cluster up` started
+//! (found through `KUBECONFIG`, `MF_PROMETHEUS_URL` and `PATH` from `e2e/cluster env`), with the real
+//! kubectl and a real kube client. Nothing here is mocked.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository root (for `crds/`, manifests).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn require_cluster() {
+    assert!(
+        std::env::var_os("KUBECONFIG").is_some(),
+        "KUBECONFIG is not set: start the cluster with `e2e/cluster up` and `eval \"$(e2e/cluster env)\"` \
+         (or run `make e2e`)"
+    );
+}
+
+/// Runs kubectl with `args` (and `stdin`, if any) and returns its output.
+pub fn kubectl(args: &[&str], stdin: Option<&str>) -> Output {
+    require_cluster();
+    let mut cmd = Command::new("kubectl");
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    let mut child = cmd.spawn().expect("kubectl on PATH (eval \"$(e2e/cluster env)\")");
+    if let Some(input) = stdin {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Runs kubectl and panics with its stderr unless it succeeds; returns stdout.
+pub fn kubectl_ok(args: &[&str], stdin: Option<&str>) -> String {
+    let out = kubectl(args, stdin);
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A kube client for the local cluster.
+pub async fn client() -> kube::Client {
+    require_cluster();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    kube::Client::try_default().await.expect("kube client from KUBECONFIG")
+}
+
+/// A plain HTTP client (pod IPs and Prometheus are plain HTTP on loopback).
+pub fn http() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap()
+}
+
+/// A namespace for one test, deleted (without waiting) when dropped.
+pub struct TestNamespace {
+    pub name: String,
+}
+
+impl TestNamespace {
+    pub fn new(prefix: &str) -> Self {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let name = format!("e2e-{prefix}-{:x}", nanos ^ std::process::id());
+        kubectl_ok(&["create", "namespace", &name], None);
+        TestNamespace { name }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let _ = kubectl(&["delete", "namespace", &self.name, "--wait=false"], None);
+    }
+}
+
+/// Polls `probe` every 250 ms until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Runs an instant PromQL query against the harness's Prometheus and returns `data.result`.
+pub async fn prometheus_query(query: &str) -> Vec<serde_json::Value> {
+    let base = std::env::var("MF_PROMETHEUS_URL").expect("MF_PROMETHEUS_URL (from e2e/cluster env)");
+    let resp: serde_json::Value = http()
+        .get(format!("{base}/api/v1/query"))
+        .query(&[("query", query)])
+        .send()
+        .await
+        .expect("Prometheus reachable")
+        .json()
+        .await
+        .expect("Prometheus JSON");
+    assert_eq!(resp["status"], "success", "query {query} failed: {resp}");
+    resp["data"]["result"].as_array().cloned().unwrap_or_default()
+}
