@@ -1,8 +1,12 @@
 //! The `modelfleet-runtime` binary's library: everything the runtime pod does around the engine.
 //!
 //! - [`digest`]: the canonical content digest of a model or adapter (DESIGN.md, "Canonical digest").
+//! - [`fetch`]: download or copy an artifact, verify its digest, then put it in place (init container).
+//! - [`fetch_cmd`]: the `fetch` command line.
 //!
-//! The OpenAI-compatible server (`serve`), `fetch`, `gen-model` and `gen-adapter` arrive with the
-//! runtime, engine and LoRA issues.
+//! The OpenAI-compatible server (`serve`), `gen-model` and `gen-adapter` arrive with the runtime, engine
+//! and LoRA issues.
 
 pub mod digest;
+pub mod fetch;
+pub mod fetch_cmd;

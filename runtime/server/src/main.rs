@@ -1,4 +1,5 @@
 //! `modelfleet-runtime`: the runtime pod's binary. Subcommands:
+//! - `fetch --uri URI --digest sha256:HEX --dest DIR [--cache DIR]` fetches and verifies an artifact.
 //! - `digest PATH` prints the canonical digest of a model or adapter directory, or of one file.
 
 use clap::{Parser, Subcommand};
@@ -15,6 +16,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Download or copy an artifact, verify its canonical digest, and only then put it into DEST.
+    Fetch(modelfleet_runtime::fetch_cmd::FetchArgs),
     /// Print the canonical digest (`sha256:…`) of a model or adapter directory, or of one file.
     Digest {
         /// A directory (every regular file under it, hidden ones included) or a single file.
@@ -24,6 +27,7 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::Fetch(args) => modelfleet_runtime::fetch_cmd::run(args),
         Command::Digest { path } => match modelfleet_runtime::digest::digest_path(&path) {
             Ok(d) => {
                 println!("{d}");

@@ -1,0 +1,91 @@
+//! The `modelfleet-runtime fetch` command line: flags (each also from `MODELFLEET_<FLAG>`), exit codes and
+//! the termination message the operator reads.
+
+use crate::fetch::{FetchRequest, Fetched, Source, fetch};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// `fetch --uri URI --digest sha256:HEX --dest DIR [--cache DIR]`.
+#[derive(clap::Args, Debug)]
+pub struct FetchArgs {
+    /// `file:///path`, `http(s)://host/path/file` or `hf://org/repo@revision`.
+    #[arg(long, env = "MODELFLEET_URI")]
+    pub uri: String,
+    /// The canonical digest the artifact must have: `sha256:<64 hex>`.
+    #[arg(long, env = "MODELFLEET_DIGEST")]
+    pub digest: String,
+    /// Directory that receives the verified artifact (a single file lands as DEST/<file name>).
+    #[arg(long, env = "MODELFLEET_DEST")]
+    pub dest: PathBuf,
+    /// Digest-keyed cache directory, re-verified and reused instead of downloading again.
+    #[arg(long, env = "MODELFLEET_CACHE")]
+    pub cache: Option<PathBuf>,
+    /// Hugging Face Hub endpoint for hf:// URIs.
+    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
+    pub hf_endpoint: String,
+    /// Where the one-line failure reason goes (written only if the file exists, as in a pod, unless the
+    /// flag is given explicitly).
+    #[arg(long, env = "MODELFLEET_TERMINATION_LOG")]
+    pub termination_log: Option<PathBuf>,
+}
+
+const DEFAULT_TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// Runs the command; the bearer token for remote sources comes from `HF_TOKEN` and is never printed.
+pub fn run(args: FetchArgs) -> ExitCode {
+    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty());
+    let result = Source::parse(&args.uri).and_then(|source| {
+        let req = FetchRequest {
+            source,
+            digest: args.digest.clone(),
+            dest: args.dest.clone(),
+            cache: args.cache.clone(),
+            hf_endpoint: args.hf_endpoint.clone(),
+            token,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(crate::fetch::FetchError::io("starting the async runtime"))?;
+        runtime
+            .block_on(fetch(&req))
+            .map(|how| (how, req.source.display()))
+    });
+    match result {
+        Ok((how, shown)) => {
+            let how = match how {
+                Fetched::AlreadyPresent => "already present",
+                Fetched::FromCache => "from the cache",
+                Fetched::FromSource => "from the source",
+            };
+            eprintln!(
+                "fetch: {shown} ({}) is in {} ({how})",
+                args.digest,
+                args.dest.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let line = e.termination_message();
+            eprintln!("fetch: {line}");
+            write_termination_log(args.termination_log.as_deref(), &line);
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn write_termination_log(explicit: Option<&Path>, line: &str) {
+    let (path, create) = match explicit {
+        Some(p) => (p, true),
+        None => (Path::new(DEFAULT_TERMINATION_LOG), false),
+    };
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .create(create)
+        .open(path);
+    if let Ok(mut file) = opened {
+        use std::io::Write;
+        let _ = writeln!(file, "{line}");
+    }
+}
