@@ -15,6 +15,10 @@
 //! Conditions follow kstatus (`Ready`, `Reconciling`, `Stalled`) so Flux and other kstatus-aware tools
 //! read health, plus our own (`DigestVerified`, `ScalingActive`, `Degraded`, `Verified`).
 
+// kube's `#[kube(printcolumn(...))]` repeats `type_ = ...` per column by design; clippy mistakes that for a
+// duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod common;
 pub mod lora_adapter;
 pub mod model_deployment;

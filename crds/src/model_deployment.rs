@@ -323,6 +323,34 @@ pub struct ModelDeploymentStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10))]
     pub recent_decisions: Vec<ScalingDecision>,
+    /// The built-in autoscaler's stabilization state, kept here so it survives an operator restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaler: Option<AutoscalerState>,
+}
+
+/// Recommendations that differ from the current replica count, and since when (stabilization windows).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalerState {
+    /// Recommendations have been above the current count since this candidate's time; its replicas are
+    /// the lowest recommendation seen since then (what a scale-up may go to once the up-window passed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_up: Option<ScalingCandidate>,
+    /// Recommendations have been below the current count since this candidate's time; its replicas are
+    /// the highest recommendation seen since then (what a scale-down may go to after the down-window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down: Option<ScalingCandidate>,
+}
+
+/// A pending scaling recommendation.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingCandidate {
+    /// When recommendations started to differ from the current count in this direction.
+    pub since: Time,
+    /// The replica count the window would settle on.
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
 }
 
 /// Fleet-wide metrics the autoscaler observed.

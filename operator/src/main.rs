@@ -1,12 +1,16 @@
 //! `modelfleet-operator`: the controller binary. Subcommands:
+//! - `run` — the controller: leader election on a Lease, then the ModelDeployment reconciler, with
+//!   `/metrics`, `/healthz` and `/readyz` on `--metrics-bind-address`.
 //! - `crds [--out-dir DIR]` prints (or writes) the CRD YAML that `crds/` holds, generated from
 //!   `modelfleet-crds`.
-//!
-//! The controller itself (`run`) arrives with the operator issue; this binary exists from the start so
-//! later work adds subcommands rather than creating it.
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use modelfleet_operator::config::{ModelCache, OperatorConfig};
+use modelfleet_operator::telemetry::{Metrics, init_tracing, router};
 use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// Kubernetes operator for LLM model fleets.
 #[derive(Parser, Debug)]
@@ -18,12 +22,57 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the controller.
+    Run(RunArgs),
     /// Print every CRD of the modelfleet.io API as YAML (pipe into `kubectl apply -f -`).
     Crds {
         /// Write one `<group>_<plural>.yaml` file per CRD into this directory instead of printing.
         #[arg(long)]
-        out_dir: Option<std::path::PathBuf>,
+        out_dir: Option<PathBuf>,
     },
+}
+
+/// Flags of `run`; each can also come from `MODELFLEET_<FLAG_IN_CAPS>`.
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Image of modelfleet-runtime for ModelDeployments that do not name one.
+    #[arg(
+        long,
+        env = "MODELFLEET_RUNTIME_IMAGE",
+        default_value = "modelfleet/runtime:latest"
+    )]
+    runtime_image: String,
+    /// Host directory for the digest-keyed model cache of runtime pods.
+    #[arg(
+        long,
+        env = "MODELFLEET_MODEL_CACHE_HOST_PATH",
+        default_value = "/var/lib/modelfleet/cache"
+    )]
+    model_cache_host_path: PathBuf,
+    /// Use this PersistentVolumeClaim for the model cache instead of a host directory.
+    #[arg(long, env = "MODELFLEET_MODEL_CACHE_PVC", conflicts_with = "no_model_cache")]
+    model_cache_pvc: Option<String>,
+    /// No model cache: every runtime pod downloads the model.
+    #[arg(long, env = "MODELFLEET_NO_MODEL_CACHE")]
+    no_model_cache: bool,
+    /// Seconds runtime pods get to drain on SIGTERM.
+    #[arg(long, env = "MODELFLEET_TERMINATION_GRACE_SECONDS", default_value_t = 60)]
+    termination_grace_seconds: i64,
+    /// Address of /metrics, /healthz and /readyz (default: $POD_IP:8080, else 127.0.0.1:8080).
+    #[arg(long, env = "MODELFLEET_METRICS_BIND_ADDRESS")]
+    metrics_bind_address: Option<String>,
+    /// Run without leader election (a single replica).
+    #[arg(long, env = "MODELFLEET_NO_LEADER_ELECT")]
+    no_leader_elect: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "modelfleet-system")]
+    lease_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, env = "MODELFLEET_LEASE_NAME", default_value = "modelfleet-operator")]
+    lease_name: String,
+    /// This replica's identity in the Lease (default: $POD_NAME).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,6 +87,73 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("wrote {}", path.display());
             }
         }
+        Command::Run(args) => {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(run(args))?;
+        }
     }
+    Ok(())
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cfg = OperatorConfig {
+        runtime_image: args.runtime_image,
+        model_cache: if args.no_model_cache {
+            ModelCache::None
+        } else if let Some(pvc) = args.model_cache_pvc {
+            ModelCache::Pvc(pvc)
+        } else {
+            ModelCache::HostPath(args.model_cache_host_path)
+        },
+        termination_grace_seconds: args.termination_grace_seconds,
+    };
+    let identity = args
+        .identity
+        .unwrap_or_else(|| format!("modelfleet-operator-{}", std::process::id()));
+    let bind = args.metrics_bind_address.unwrap_or_else(|| {
+        format!(
+            "{}:8080",
+            std::env::var("POD_IP").unwrap_or_else(|_| "127.0.0.1".into())
+        )
+    });
+    let metrics = Arc::new(Metrics::default());
+    let listener = tokio::net::TcpListener::bind(&bind).await?;
+    tracing::info!(%bind, "serving /metrics, /healthz, /readyz");
+    let server = axum::serve(listener, router(metrics.clone()));
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+
+    let client = kube::Client::try_default().await?;
+    metrics.ready.store(true, Ordering::Relaxed);
+    if !args.no_leader_elect {
+        let mut lease = modelfleet_operator::leader::acquire(
+            client.clone(),
+            &args.lease_namespace,
+            &args.lease_name,
+            &identity,
+        )
+        .await?;
+        metrics.leader.set(1);
+        tokio::spawn(async move {
+            while lease.changed().await.is_ok() {
+                if !*lease.borrow() {
+                    break;
+                }
+            }
+            tracing::error!("lost the leader lease; exiting so a fresh follower takes its place");
+            std::process::exit(1);
+        });
+    } else {
+        metrics.leader.set(1);
+    }
+    tracing::info!(%identity, "starting the ModelDeployment controller");
+    modelfleet_operator::controller::run(client, cfg, metrics, &identity).await;
     Ok(())
 }

@@ -1,0 +1,290 @@
+//! Autoscaling arithmetic, pure and table-tested.
+//!
+//! Recommendation = max(ceil(total waiting / target per replica), ceil(replicas × mean KV / target KV)),
+//! clamped to [min, max] and to at most double the current count. A recommendation above the current count
+//! must hold for the scale-up window (the count then goes to the lowest recommendation seen in it); one
+//! below must hold for the scale-down window (the count goes to the highest seen) — the semantics of
+//! HPA's stabilization windows, kept as O(1) state ([`AutoscalerState`]).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use modelfleet_crds::model_deployment::{AutoscalerState, AutoscalingSpec, ScalingCandidate};
+
+/// Fleet-wide figures from one metrics pass over the ready replicas.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// Replicas whose metrics were read.
+    pub replicas: i32,
+    /// Requests waiting, summed.
+    pub waiting: f64,
+    /// Requests running, summed.
+    pub running: f64,
+    /// Mean KV-cache utilisation, 0–1.
+    pub kv_mean: f64,
+}
+
+/// What one pass decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The replica count to run now.
+    pub replicas: i32,
+    /// Stabilization state to keep.
+    pub state: AutoscalerState,
+    /// Why, in words (also the Event and status message when the count changes).
+    pub reason: String,
+}
+
+/// The clamped recommendation for `sample` with the fleet at `current` replicas, and why.
+pub fn recommend(sample: &Sample, spec: &AutoscalingSpec, current: i32) -> (i32, String) {
+    let by_queue = (sample.waiting / f64::from(spec.target_queue_depth_per_replica.max(1))).ceil() as i32;
+    let by_kv =
+        (f64::from(sample.replicas) * sample.kv_mean / spec.target_kv_cache_utilization).ceil() as i32;
+    let raw = by_queue.max(by_kv);
+    let ceiling = spec.max_replicas.min((current.max(1)).saturating_mul(2));
+    let clamped = raw.clamp(spec.min_replicas, ceiling.max(spec.min_replicas));
+    let why = format!(
+        "queue {} / target {} per replica -> {by_queue}; KV {:.0}% over {} replicas / target {:.0}% -> {by_kv}",
+        sample.waiting,
+        spec.target_queue_depth_per_replica,
+        sample.kv_mean * 100.0,
+        sample.replicas,
+        spec.target_kv_cache_utilization * 100.0
+    );
+    (clamped, why)
+}
+
+fn elapsed_secs(since: &Time, now: Timestamp) -> i64 {
+    now.as_second() - since.0.as_second()
+}
+
+/// One autoscaler pass: `sample` is None when metrics are missing or stale.
+pub fn decide(
+    spec: &AutoscalingSpec,
+    state: &AutoscalerState,
+    current: i32,
+    sample: Option<&Sample>,
+    now: Timestamp,
+) -> Decision {
+    // Bounds changed under us: move into them at once.
+    let bounded = current.clamp(spec.min_replicas, spec.max_replicas);
+    if bounded != current {
+        return Decision {
+            replicas: bounded,
+            state: AutoscalerState::default(),
+            reason: format!(
+                "{current} replicas is outside [{}, {}]",
+                spec.min_replicas, spec.max_replicas
+            ),
+        };
+    }
+    let Some(sample) = sample else {
+        // Never scale down blind; a pending scale-up may still wait for fresh metrics.
+        return Decision {
+            replicas: current,
+            state: AutoscalerState {
+                scale_up: state.scale_up.clone(),
+                scale_down: None,
+            },
+            reason: "metrics unavailable; holding".into(),
+        };
+    };
+    let (rec, why) = recommend(sample, spec, current);
+    let since = |old: &Option<ScalingCandidate>| old.as_ref().map(|c| c.since.clone()).unwrap_or(Time(now));
+    if rec > current {
+        let lowest = state.scale_up.as_ref().map_or(rec, |c| c.replicas.min(rec));
+        let candidate = ScalingCandidate {
+            since: since(&state.scale_up),
+            replicas: lowest,
+        };
+        if elapsed_secs(&candidate.since, now) >= i64::from(spec.scale_up_stabilization_seconds) {
+            let to = candidate.replicas;
+            return Decision {
+                replicas: to,
+                state: AutoscalerState::default(),
+                reason: format!("scale up: {why}"),
+            };
+        }
+        Decision {
+            replicas: current,
+            state: AutoscalerState {
+                scale_up: Some(candidate),
+                scale_down: None,
+            },
+            reason: format!("scale-up pending: {why}"),
+        }
+    } else if rec < current {
+        let highest = state.scale_down.as_ref().map_or(rec, |c| c.replicas.max(rec));
+        let candidate = ScalingCandidate {
+            since: since(&state.scale_down),
+            replicas: highest,
+        };
+        if elapsed_secs(&candidate.since, now) >= i64::from(spec.scale_down_stabilization_seconds) {
+            let to = candidate.replicas;
+            return Decision {
+                replicas: to,
+                state: AutoscalerState::default(),
+                reason: format!("scale down: {why}"),
+            };
+        }
+        Decision {
+            replicas: current,
+            state: AutoscalerState {
+                scale_up: None,
+                scale_down: Some(candidate),
+            },
+            reason: format!("scale-down pending: {why}"),
+        }
+    } else {
+        Decision {
+            replicas: current,
+            state: AutoscalerState::default(),
+            reason: format!("steady: {why}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(min: i32, max: i32, up: i32, down: i32) -> AutoscalingSpec {
+        serde_json::from_value(serde_json::json!({
+            "minReplicas": min, "maxReplicas": max, "targetQueueDepthPerReplica": 4,
+            "targetKvCacheUtilization": 0.8, "scaleUpStabilizationSeconds": up, "scaleDownStabilizationSeconds": down
+        }))
+        .unwrap()
+    }
+
+    fn sample(replicas: i32, waiting: f64, kv: f64) -> Sample {
+        Sample {
+            replicas,
+            waiting,
+            running: 0.0,
+            kv_mean: kv,
+        }
+    }
+
+    #[test]
+    fn recommendation_table() {
+        let s = spec(1, 10, 0, 0);
+        // (current, sample, expected)
+        let cases = [
+            (1, sample(1, 0.0, 0.0), 1),    // idle: min
+            (1, sample(1, 4.0, 0.1), 1),    // exactly on target
+            (1, sample(1, 5.0, 0.1), 2),    // ceil(5/4) = 2
+            (2, sample(2, 37.0, 0.1), 4),   // ceil(37/4) = 10, but at most doubling
+            (5, sample(5, 37.0, 0.1), 10),  // 10, within max
+            (8, sample(8, 100.0, 0.1), 10), // capped by max
+            (2, sample(2, 0.0, 0.96), 3),   // KV: ceil(2 * 0.96 / 0.8) = 3
+            (3, sample(3, 0.0, 0.2), 1),    // KV: ceil(3 * 0.2 / 0.8) = 1
+        ];
+        for (current, sample, expected) in cases {
+            assert_eq!(
+                recommend(&sample, &s, current).0,
+                expected,
+                "current {current} {sample:?}"
+            );
+        }
+        assert_eq!(
+            recommend(&sample(1, 0.0, 0.0), &spec(2, 5, 0, 0), 1).0,
+            2,
+            "min wins"
+        );
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    #[test]
+    fn scale_up_waits_for_the_window_and_takes_the_lowest_recommendation() {
+        let s = spec(1, 10, 10, 60);
+        let mut state = AutoscalerState::default();
+        let d = decide(&s, &state, 2, Some(&sample(2, 16.0, 0.1)), at(0)); // rec 4
+        assert_eq!(d.replicas, 2);
+        assert_eq!(d.state.scale_up.as_ref().unwrap().replicas, 4);
+        state = d.state;
+        let d = decide(&s, &state, 2, Some(&sample(2, 12.0, 0.1)), at(5)); // rec 3: lowest so far
+        assert_eq!((d.replicas, d.state.scale_up.as_ref().unwrap().replicas), (2, 3));
+        assert_eq!(
+            d.state.scale_up.as_ref().unwrap().since,
+            Time(at(0)),
+            "the window keeps its start"
+        );
+        state = d.state;
+        let d = decide(&s, &state, 2, Some(&sample(2, 16.0, 0.1)), at(10));
+        assert_eq!(d.replicas, 3);
+        assert_eq!(d.state, AutoscalerState::default());
+        assert!(d.reason.starts_with("scale up"), "{}", d.reason);
+    }
+
+    #[test]
+    fn a_dip_resets_the_scale_up_window() {
+        let s = spec(1, 10, 10, 60);
+        let d = decide(
+            &s,
+            &AutoscalerState::default(),
+            2,
+            Some(&sample(2, 16.0, 0.1)),
+            at(0),
+        );
+        let d = decide(&s, &d.state, 2, Some(&sample(2, 8.0, 0.1)), at(5)); // rec 2 == current
+        assert_eq!(d.state, AutoscalerState::default());
+        let d = decide(&s, &d.state, 2, Some(&sample(2, 16.0, 0.1)), at(10));
+        assert_eq!(d.replicas, 2, "the window restarted at t=10");
+    }
+
+    #[test]
+    fn scale_down_needs_consistently_lower_recommendations() {
+        let s = spec(1, 10, 0, 60);
+        let d = decide(
+            &s,
+            &AutoscalerState::default(),
+            4,
+            Some(&sample(4, 0.0, 0.0)),
+            at(0),
+        ); // rec 1
+        assert_eq!(d.replicas, 4);
+        let d = decide(&s, &d.state, 4, Some(&sample(4, 8.0, 0.0)), at(30)); // rec 2: highest so far
+        assert_eq!(d.state.scale_down.as_ref().unwrap().replicas, 2);
+        let d = decide(&s, &d.state, 4, Some(&sample(4, 0.0, 0.0)), at(59));
+        assert_eq!(d.replicas, 4);
+        let d = decide(&s, &d.state, 4, Some(&sample(4, 0.0, 0.0)), at(60));
+        assert_eq!(
+            d.replicas, 2,
+            "goes to the highest recommendation seen in the window"
+        );
+    }
+
+    #[test]
+    fn missing_metrics_never_scale_down() {
+        let s = spec(1, 10, 0, 0);
+        let d = decide(
+            &s,
+            &AutoscalerState::default(),
+            4,
+            Some(&sample(4, 0.0, 0.0)),
+            at(0),
+        );
+        assert_eq!(
+            d.replicas, 1,
+            "with a zero window an idle fleet scales down at once"
+        );
+        let d = decide(&s, &AutoscalerState::default(), 4, None, at(0));
+        assert_eq!(d.replicas, 4);
+        assert!(d.state.scale_down.is_none());
+    }
+
+    #[test]
+    fn bounds_apply_immediately() {
+        let s = spec(2, 3, 600, 600);
+        assert_eq!(
+            decide(&s, &AutoscalerState::default(), 1, None, at(0)).replicas,
+            2
+        );
+        assert_eq!(
+            decide(&s, &AutoscalerState::default(), 7, None, at(0)).replicas,
+            3
+        );
+    }
+}

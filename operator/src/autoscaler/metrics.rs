@@ -1,0 +1,249 @@
+//! Reading the autoscaler's inputs: `modelfleet_requests_waiting`, `modelfleet_requests_running` and
+//! `modelfleet_kv_cache_usage_ratio` of each ready runtime pod, either by scraping its `/metrics`
+//! (`Direct`) or through the Prometheus HTTP API (`Prometheus`, with `max_over_time` so short bursts count).
+//!
+//! Invariant: a pass yields a [`Sample`] only when every ready pod answered; otherwise the caller holds
+//! (no scale-down on missing data).
+
+use super::decide::Sample;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Metric names, as the runtime exports them (DESIGN.md).
+pub const WAITING: &str = "modelfleet_requests_waiting";
+/// Requests being generated.
+pub const RUNNING: &str = "modelfleet_requests_running";
+/// KV blocks referenced by live requests ÷ total.
+pub const KV_USAGE: &str = "modelfleet_kv_cache_usage_ratio";
+
+/// One pod's figures.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodMetrics {
+    /// Waiting requests (summed over label sets).
+    pub waiting: f64,
+    /// Running requests (summed over label sets).
+    pub running: f64,
+    /// KV-cache utilisation (the largest over label sets).
+    pub kv: f64,
+}
+
+/// Extracts our three metrics from Prometheus text exposition. Missing metrics are an error: a runtime
+/// that does not export them cannot be autoscaled, and silence must not read as "idle".
+pub fn parse_exposition(text: &str) -> Result<PodMetrics, String> {
+    let mut seen = [false; 3];
+    let mut m = PodMetrics::default();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line
+            .find(|c: char| c == '{' || c.is_whitespace())
+            .unwrap_or(line.len());
+        let name = &line[..name_end];
+        let idx = match name {
+            WAITING => 0,
+            RUNNING => 1,
+            KV_USAGE => 2,
+            _ => continue,
+        };
+        let rest = &line[name_end..];
+        let after_labels = if rest.starts_with('{') {
+            rest.rfind('}').map_or("", |i| &rest[i + 1..])
+        } else {
+            rest
+        };
+        let value: f64 = after_labels
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("unparsable sample: {line}"))?;
+        if !value.is_finite() {
+            return Err(format!("non-finite sample: {line}"));
+        }
+        seen[idx] = true;
+        match idx {
+            0 => m.waiting += value,
+            1 => m.running += value,
+            _ => m.kv = m.kv.max(value),
+        }
+    }
+    let missing: Vec<&str> = [WAITING, RUNNING, KV_USAGE]
+        .iter()
+        .zip(seen)
+        .filter(|(_, s)| !s)
+        .map(|(n, _)| *n)
+        .collect();
+    if missing.is_empty() {
+        Ok(m)
+    } else {
+        Err(format!("missing metrics: {}", missing.join(", ")))
+    }
+}
+
+/// Combines per-pod figures into a fleet sample.
+pub fn aggregate(pods: &[PodMetrics]) -> Option<Sample> {
+    if pods.is_empty() {
+        return None;
+    }
+    Some(Sample {
+        replicas: pods.len() as i32,
+        waiting: pods.iter().map(|p| p.waiting).sum(),
+        running: pods.iter().map(|p| p.running).sum(),
+        kv_mean: pods.iter().map(|p| p.kv).sum::<f64>() / pods.len() as f64,
+    })
+}
+
+/// Scrapes `http://<ip>:<port>/metrics` of every pod; fails if any pod fails.
+pub async fn scrape_direct(
+    client: &reqwest::Client,
+    pod_ips: &[String],
+    port: i32,
+) -> Result<Vec<PodMetrics>, String> {
+    let scrapes = pod_ips.iter().map(|ip| async move {
+        let url = format!("http://{ip}:{port}/metrics");
+        let resp = client
+            .get(&url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("{url}: HTTP {}", resp.status()));
+        }
+        let text = resp.text().await.map_err(|e| format!("{url}: {e}"))?;
+        parse_exposition(&text).map_err(|e| format!("{url}: {e}"))
+    });
+    futures::future::join_all(scrapes).await.into_iter().collect()
+}
+
+/// Reads the metrics of `pods` (namespace `ns`) from Prometheus, assuming the usual `namespace` and `pod`
+/// target labels of Kubernetes pod discovery. Every pod must have all three series.
+pub async fn query_prometheus(
+    client: &reqwest::Client,
+    base: &str,
+    ns: &str,
+    pods: &[String],
+    window_secs: i32,
+) -> Result<Vec<PodMetrics>, String> {
+    let pod_re = pods.iter().map(|p| regex_escape(p)).collect::<Vec<_>>().join("|");
+    let mut by_pod: BTreeMap<String, [Option<f64>; 3]> = BTreeMap::new();
+    for (i, (metric, agg)) in [(WAITING, "sum"), (RUNNING, "sum"), (KV_USAGE, "max")]
+        .into_iter()
+        .enumerate()
+    {
+        let query = format!(
+            "{agg} by (pod) (max_over_time({metric}{{namespace=\"{ns}\",pod=~\"{pod_re}\"}}[{window_secs}s]))"
+        );
+        let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
+        let resp: serde_json::Value = client
+            .get(&url)
+            .query(&[("query", query.as_str())])
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|e| format!("Prometheus {url}: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("Prometheus {url}: {e}"))?;
+        if resp["status"] != "success" {
+            return Err(format!("Prometheus query {query} failed: {}", resp["error"]));
+        }
+        for series in resp["data"]["result"].as_array().into_iter().flatten() {
+            let pod = series["metric"]["pod"].as_str().unwrap_or_default().to_string();
+            let value: Option<f64> = series["value"][1].as_str().and_then(|v| v.parse().ok());
+            by_pod.entry(pod).or_default()[i] = value;
+        }
+    }
+    pods.iter()
+        .map(|p| match by_pod.get(p) {
+            Some([Some(waiting), Some(running), Some(kv)]) => Ok(PodMetrics {
+                waiting: *waiting,
+                running: *running,
+                kv: *kv,
+            }),
+            _ => Err(format!(
+                "Prometheus has no recent {WAITING}/{RUNNING}/{KV_USAGE} for pod {p}"
+            )),
+        })
+        .collect()
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                vec![c]
+            } else {
+                vec!['\\', c]
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_runtime_exposition() {
+        let text = "# HELP modelfleet_requests_waiting Requests waiting.\n\
+                    # TYPE modelfleet_requests_waiting gauge\n\
+                    modelfleet_requests_waiting{model=\"m\",tenant=\"a\"} 3\n\
+                    modelfleet_requests_waiting{model=\"m\",tenant=\"b\"} 2\n\
+                    modelfleet_requests_running{model=\"m\"} 7\n\
+                    modelfleet_requests_waiting_total 99\n\
+                    modelfleet_kv_cache_usage_ratio{model=\"m\"} 0.42\n\
+                    vllm:num_requests_waiting{model_name=\"m\"} 5\n";
+        assert_eq!(
+            parse_exposition(text).unwrap(),
+            PodMetrics {
+                waiting: 5.0,
+                running: 7.0,
+                kv: 0.42
+            }
+        );
+    }
+
+    #[test]
+    fn label_values_with_braces_and_spaces() {
+        let text = "modelfleet_requests_waiting{tenant=\"a} b\"} 1 1700000000\n\
+                    modelfleet_requests_running 0\nmodelfleet_kv_cache_usage_ratio 0\n";
+        assert_eq!(parse_exposition(text).unwrap().waiting, 1.0);
+    }
+
+    #[test]
+    fn missing_or_bad_metrics_are_errors() {
+        let err = parse_exposition("modelfleet_requests_waiting 1\n").unwrap_err();
+        assert!(
+            err.contains("modelfleet_requests_running") && err.contains("modelfleet_kv_cache_usage_ratio")
+        );
+        assert!(parse_exposition("modelfleet_requests_waiting NaN\n").is_err());
+        assert!(parse_exposition("modelfleet_requests_waiting{a=\"b\"}\n").is_err());
+    }
+
+    #[test]
+    fn aggregates_pods() {
+        let pods = [
+            PodMetrics {
+                waiting: 3.0,
+                running: 1.0,
+                kv: 0.5,
+            },
+            PodMetrics {
+                waiting: 1.0,
+                running: 2.0,
+                kv: 0.1,
+            },
+        ];
+        let s = aggregate(&pods).unwrap();
+        assert_eq!((s.replicas, s.waiting, s.running), (2, 4.0, 3.0));
+        assert!((s.kv_mean - 0.3).abs() < 1e-12);
+        assert_eq!(aggregate(&[]), None);
+    }
+
+    #[test]
+    fn pod_names_are_escaped_for_promql() {
+        assert_eq!(regex_escape("md-7d9f.x"), "md-7d9f\\.x");
+    }
+}

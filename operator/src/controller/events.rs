@@ -1,0 +1,72 @@
+//! Events on ModelDeployments: one per condition transition that a user acts on, and one per scaling
+//! decision. Publishing is best effort: a failed Event never fails a reconcile.
+
+use super::Context;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType};
+use modelfleet_crds::ModelDeployment;
+use modelfleet_crds::condition_types::{DIGEST_VERIFIED, READY, STALLED};
+use modelfleet_crds::model_deployment::ModelDeploymentStatus;
+
+fn find<'a>(cs: &'a [Condition], t: &str) -> Option<&'a Condition> {
+    cs.iter().find(|c| c.type_ == t)
+}
+
+/// The Events that `previous` → `next` deserves, as (warning?, reason, note).
+pub fn transitions(
+    previous: &ModelDeploymentStatus,
+    next: &ModelDeploymentStatus,
+) -> Vec<(bool, String, String)> {
+    let mut out = Vec::new();
+    for t in [READY, STALLED, DIGEST_VERIFIED] {
+        let (Some(new), old) = (find(&next.conditions, t), find(&previous.conditions, t)) else {
+            continue;
+        };
+        if old.is_some_and(|o| o.status == new.status && o.reason == new.reason) {
+            continue;
+        }
+        let warning =
+            (t == STALLED && new.status == "True") || (t == DIGEST_VERIFIED && new.status == "False");
+        if t == DIGEST_VERIFIED && new.status == "Unknown" {
+            continue;
+        }
+        out.push((
+            warning,
+            new.reason.clone(),
+            format!("{t}={}: {}", new.status, new.message),
+        ));
+    }
+    out
+}
+
+/// Publishes the transition Events and the scaling decision.
+pub async fn on_transitions(
+    ctx: &Context,
+    md: &ModelDeployment,
+    previous: &ModelDeploymentStatus,
+    next: &ModelDeploymentStatus,
+    decision: Option<&str>,
+) {
+    let reference = md.object_ref(&());
+    let mut events = transitions(previous, next);
+    if let Some(d) = decision {
+        events.push((false, "Scaled".into(), d.to_string()));
+    }
+    for (warning, reason, note) in events {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason,
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %e, "publishing an event failed");
+        }
+    }
+}

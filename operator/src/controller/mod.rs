@@ -1,0 +1,217 @@
+//! The ModelDeployment controller: a thin `reconcile` that observes, decides the replica count, applies
+//! the desired objects with server-side apply, and writes status only when it changed.
+//!
+//! Watches: ModelDeployments (spec changes only — the generation predicate drops our own status writes),
+//! the Deployments they own, and runtime Pods (init-container verdicts, readiness). Builtin-autoscaled
+//! deployments are also requeued every few seconds so metrics are read on a steady cadence.
+
+mod apply;
+mod events;
+mod scale;
+
+use crate::Error;
+use crate::builders;
+use crate::config::OperatorConfig;
+use crate::labels::{APP_NAME, MODEL_DEPLOYMENT_LABEL, selector_string};
+use crate::status::{Observed, TenantsSecret, carry_transition_times, conditions};
+use crate::telemetry::Metrics;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Client, ResourceExt};
+use modelfleet_crds::ModelDeployment;
+use modelfleet_crds::model_deployment::{AutoscalingMode, ModelDeploymentStatus};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Shared state of all reconcile passes.
+pub struct Context {
+    /// The API client (the operator's ServiceAccount).
+    pub client: Client,
+    /// Operator-wide settings.
+    pub cfg: OperatorConfig,
+    /// HTTP client for pod scrapes and Prometheus.
+    pub http: reqwest::Client,
+    /// The operator's metrics.
+    pub metrics: Arc<Metrics>,
+    /// Publishes Events on ModelDeployments.
+    pub recorder: Recorder,
+    /// When each ModelDeployment's metrics were last read (rate limit of the autoscaler).
+    pub last_sample: Mutex<HashMap<String, Instant>>,
+}
+
+/// How often the built-in autoscaler reads metrics.
+pub const AUTOSCALE_INTERVAL: Duration = Duration::from_secs(3);
+
+/// Runs the controller until a shutdown signal.
+pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, identity: &str) {
+    let http = reqwest::Client::builder().build().expect("HTTP client");
+    let reporter = Reporter {
+        controller: "modelfleet-operator".into(),
+        instance: Some(identity.into()),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        cfg,
+        http,
+        metrics,
+        recorder: Recorder::new(client.clone(), reporter),
+        last_sample: Mutex::new(HashMap::new()),
+    });
+    let mds: Api<ModelDeployment> = Api::all(client.clone());
+    let (reader, writer) = reflector::store();
+    let trigger = watcher(mds, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
+    let pods_cfg = watcher::Config::default().labels(&format!("app.kubernetes.io/name={APP_NAME}"));
+    Controller::for_stream(trigger, reader)
+        .owns(Api::<Deployment>::all(client.clone()), watcher::Config::default())
+        .watches(Api::<Pod>::all(client), pods_cfg, |pod: Pod| {
+            let md = pod.labels().get(MODEL_DEPLOYMENT_LABEL)?.clone();
+            Some(ObjectRef::<ModelDeployment>::new(&md).within(&pod.namespace()?))
+        })
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile trigger failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(md: Arc<ModelDeployment>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(name = %md.name_any(), %error, "reconcile failed");
+    ctx.metrics
+        .errors
+        .with_label_values(&[error.metric_label()])
+        .inc();
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn tenants_secret(secrets: &Api<Secret>, md: &ModelDeployment) -> Result<TenantsSecret, Error> {
+    let Some(t) = &md.spec.tenants else {
+        return Ok(TenantsSecret::NotReferenced);
+    };
+    let name = t.secret_ref.name.clone();
+    Ok(match secrets.get_opt(&name).await? {
+        None => TenantsSecret::Missing(name),
+        Some(s) => {
+            let key = &t.secret_ref.key;
+            let in_data = s.data.as_ref().is_some_and(|m| m.contains_key(key));
+            let in_string_data = s.string_data.as_ref().is_some_and(|m| m.contains_key(key));
+            if in_data || in_string_data {
+                TenantsSecret::Present
+            } else {
+                TenantsSecret::MissingKey(name, t.secret_ref.key.clone())
+            }
+        }
+    })
+}
+
+/// One pass for one ModelDeployment.
+pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.duration.start_timer();
+    ctx.metrics.reconciliations.inc();
+    let ns = md
+        .namespace()
+        .ok_or_else(|| Error::Invalid("ModelDeployment without a namespace".into()))?;
+    let name = md.name_any();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+
+    // Observe.
+    let existing = deployments.get_opt(&name).await?;
+    let pods = pods_api
+        .list(&ListParams::default().labels(&selector_string(&name)))
+        .await?
+        .items;
+    let tenants = tenants_secret(&secrets, &md).await?;
+
+    // Decide the replica count, then apply everything the operator owns.
+    let scaled = scale::replicas(&md, existing.as_ref(), &pods, &ctx).await;
+    apply::owned_objects(&md, &ctx, &secrets, scaled.replicas).await?;
+    let deployment = deployments.get_opt(&name).await?;
+
+    // Status, from what was observed.
+    let now = Timestamp::now();
+    let previous = md.status.clone().unwrap_or_default();
+    let observed = Observed {
+        generation: md.metadata.generation.unwrap_or(0),
+        digest: &md.spec.model.digest,
+        desired: scaled.replicas,
+        deployment: deployment.as_ref(),
+        pods: &pods,
+        tenants,
+        scaling: scaled.scaling.clone(),
+    };
+    let dep_status = deployment
+        .as_ref()
+        .and_then(|d| d.status.clone())
+        .unwrap_or_default();
+    let status = ModelDeploymentStatus {
+        observed_generation: md.metadata.generation,
+        replicas: dep_status.replicas.unwrap_or(0),
+        ready_replicas: dep_status.ready_replicas.unwrap_or(0),
+        desired_replicas: Some(scaled.replicas),
+        selector: Some(selector_string(&name)),
+        conditions: carry_transition_times(&previous.conditions, conditions(&observed), now),
+        observed_metrics: scaled.observed_metrics.clone(),
+        last_scale_time: scaled.last_scale_time.clone(),
+        recent_decisions: scaled.recent_decisions.clone(),
+        autoscaler: scaled.autoscaler.clone(),
+    };
+    if md.status.as_ref() != Some(&status) {
+        let mds: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = serde_json::json!({
+            "apiVersion": "modelfleet.io/v1alpha1",
+            "kind": "ModelDeployment",
+            "status": status,
+        });
+        let pp = PatchParams::apply(crate::labels::FIELD_MANAGER).force();
+        mds.patch_status(&name, &pp, &Patch::Apply(&patch)).await?;
+        ctx.metrics.status_writes.inc();
+        events::on_transitions(&ctx, &md, &previous, &status, scaled.decision_reason.as_deref()).await;
+    }
+
+    let builtin = md
+        .spec
+        .autoscaling
+        .as_ref()
+        .is_some_and(|a| a.mode == AutoscalingMode::Builtin);
+    Ok(Action::requeue(if builtin {
+        AUTOSCALE_INTERVAL
+    } else {
+        Duration::from_secs(300)
+    }))
+}
+
+/// Used by the builders' callers and tests: the desired objects for a pass.
+pub fn desired_objects(
+    md: &ModelDeployment,
+    cfg: &OperatorConfig,
+    replicas: i32,
+    token: &str,
+) -> (
+    k8s_openapi::api::core::v1::Secret,
+    Deployment,
+    k8s_openapi::api::core::v1::Service,
+    k8s_openapi::api::policy::v1::PodDisruptionBudget,
+) {
+    (
+        builders::desired_admin_secret(md, token),
+        builders::desired_deployment(md, cfg, replicas),
+        builders::desired_service(md),
+        builders::desired_pdb(md, replicas),
+    )
+}

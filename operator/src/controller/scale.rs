@@ -1,0 +1,245 @@
+//! The replica count of one pass: `spec.replicas` (External, Disabled, or no autoscaling) or the built-in
+//! autoscaler's decision from fresh metrics, with what status records about it.
+//!
+//! Status hygiene: observed metrics are rewritten only with a scaling decision or, when they changed
+//! (rounded), at most every [`METRICS_WRITE_INTERVAL`]; the decision history is bounded.
+
+use super::{AUTOSCALE_INTERVAL, Context};
+use crate::autoscaler::decide::{Sample, decide};
+use crate::autoscaler::metrics::{aggregate, query_prometheus, scrape_direct};
+use crate::labels::HTTP_PORT;
+use crate::status::Scaling;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use modelfleet_crds::ModelDeployment;
+use modelfleet_crds::model_deployment::{
+    AutoscalerState, AutoscalingMode, AutoscalingSpec, MetricsSource, ObservedMetrics, ScalingDecision,
+};
+use std::time::Instant;
+
+/// Most decisions kept in `status.recentDecisions`.
+pub const MAX_DECISIONS: usize = 10;
+/// Observed metrics are refreshed in status at most this often without a decision.
+pub const METRICS_WRITE_INTERVAL: i64 = 30;
+
+/// The outcome of the replica decision, with the status fields it owns.
+#[derive(Clone, Debug)]
+pub struct Scaled {
+    /// Replicas to run.
+    pub replicas: i32,
+    /// The `ScalingActive` verdict.
+    pub scaling: Scaling,
+    /// `status.observedMetrics`.
+    pub observed_metrics: Option<ObservedMetrics>,
+    /// `status.lastScaleTime`.
+    pub last_scale_time: Option<Time>,
+    /// `status.recentDecisions`.
+    pub recent_decisions: Vec<ScalingDecision>,
+    /// `status.autoscaler`.
+    pub autoscaler: Option<AutoscalerState>,
+    /// Why the count changed in this pass (for the Event), if it did.
+    pub decision_reason: Option<String>,
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Decides the replica count for `md`.
+pub async fn replicas(
+    md: &ModelDeployment,
+    existing: Option<&Deployment>,
+    pods: &[Pod],
+    ctx: &Context,
+) -> Scaled {
+    let prev = md.status.clone().unwrap_or_default();
+    let fixed = |reason: &str, message: &str| Scaled {
+        replicas: md.spec.replicas.unwrap_or(1),
+        scaling: Scaling {
+            active: false,
+            reason: reason.into(),
+            message: message.into(),
+        },
+        observed_metrics: None,
+        last_scale_time: prev.last_scale_time.clone(),
+        recent_decisions: prev.recent_decisions.clone(),
+        autoscaler: None,
+        decision_reason: None,
+    };
+    let spec = match &md.spec.autoscaling {
+        None => {
+            return fixed(
+                "AutoscalingDisabled",
+                "no spec.autoscaling: replicas come from spec.replicas",
+            );
+        }
+        Some(a) if a.mode == AutoscalingMode::Disabled => {
+            return fixed("AutoscalingDisabled", "autoscaling.mode is Disabled");
+        }
+        Some(a) if a.mode == AutoscalingMode::External => {
+            return fixed(
+                "ExternalAutoscaler",
+                "an external autoscaler drives spec.replicas through /scale",
+            );
+        }
+        Some(a) => a.clone(),
+    };
+    let current = prev
+        .desired_replicas
+        .or_else(|| existing.and_then(|d| d.spec.as_ref()?.replicas))
+        .unwrap_or(spec.min_replicas);
+    let key = format!("{}/{}", md.namespace().unwrap_or_default(), md.name_any());
+    let previous_scaling = prev
+        .conditions
+        .iter()
+        .find(|c| c.type_ == modelfleet_crds::condition_types::SCALING_ACTIVE);
+    let hold = Scaled {
+        replicas: current.clamp(spec.min_replicas, spec.max_replicas),
+        scaling: previous_scaling.map_or(
+            Scaling {
+                active: false,
+                reason: "Pending".into(),
+                message: "metrics not read yet".into(),
+            },
+            |c| Scaling {
+                active: c.status == "True",
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+            },
+        ),
+        observed_metrics: prev.observed_metrics.clone(),
+        last_scale_time: prev.last_scale_time.clone(),
+        recent_decisions: prev.recent_decisions.clone(),
+        autoscaler: prev.autoscaler.clone(),
+        decision_reason: None,
+    };
+    {
+        let mut last = ctx.last_sample.lock().unwrap();
+        if last.get(&key).is_some_and(|t| t.elapsed() < AUTOSCALE_INTERVAL) && hold.replicas == current {
+            return hold;
+        }
+        last.insert(key, Instant::now());
+    }
+
+    let sample = read_sample(md, &spec, pods, ctx).await;
+    let now = Timestamp::now();
+    let state = prev.autoscaler.clone().unwrap_or_default();
+    let decision = decide(&spec, &state, current, sample.as_ref().ok(), now);
+    let scaling = match &sample {
+        Ok(s) => Scaling {
+            active: true,
+            reason: "MetricsAvailable".into(),
+            message: format!("reading metrics of {} ready replicas", s.replicas),
+        },
+        Err(e) => Scaling {
+            active: false,
+            reason: "MetricsUnavailable".into(),
+            message: e.clone(),
+        },
+    };
+    let changed = decision.replicas != current;
+    let mut out = Scaled {
+        replicas: decision.replicas,
+        scaling,
+        autoscaler: (decision.state != AutoscalerState::default()).then_some(decision.state.clone()),
+        ..hold
+    };
+    if let Ok(s) = &sample {
+        let fresh = observed(s, now);
+        let stale = out.observed_metrics.as_ref().is_none_or(|m| {
+            let age = m
+                .time
+                .as_ref()
+                .map_or(i64::MAX, |t| now.as_second() - t.0.as_second());
+            age >= METRICS_WRITE_INTERVAL && !same_figures(m, &fresh)
+        });
+        if changed || stale {
+            out.observed_metrics = Some(fresh);
+        }
+    }
+    if changed {
+        let direction = if decision.replicas > current { "up" } else { "down" };
+        ctx.metrics
+            .scaling_decisions
+            .with_label_values(&[direction])
+            .inc();
+        out.last_scale_time = Some(Time(now));
+        out.recent_decisions.push(ScalingDecision {
+            time: Time(now),
+            from: current,
+            to: decision.replicas,
+            reason: decision.reason.chars().take(1000).collect(),
+        });
+        let excess = out.recent_decisions.len().saturating_sub(MAX_DECISIONS);
+        out.recent_decisions.drain(..excess);
+        out.decision_reason = Some(format!("{current} -> {}: {}", decision.replicas, decision.reason));
+    }
+    out
+}
+
+fn observed(s: &Sample, now: Timestamp) -> ObservedMetrics {
+    ObservedMetrics {
+        queue_depth: s.waiting.round() as i64,
+        running_requests: s.running.round() as i64,
+        kv_cache_utilization_percent: (s.kv_mean * 100.0).round().clamp(0.0, 100.0) as i32,
+        sampled_replicas: s.replicas,
+        time: Some(Time(now)),
+    }
+}
+
+fn same_figures(a: &ObservedMetrics, b: &ObservedMetrics) -> bool {
+    (
+        a.queue_depth,
+        a.running_requests,
+        a.kv_cache_utilization_percent,
+        a.sampled_replicas,
+    ) == (
+        b.queue_depth,
+        b.running_requests,
+        b.kv_cache_utilization_percent,
+        b.sampled_replicas,
+    )
+}
+
+async fn read_sample(
+    md: &ModelDeployment,
+    spec: &AutoscalingSpec,
+    pods: &[Pod],
+    ctx: &Context,
+) -> Result<Sample, String> {
+    let ready: Vec<&Pod> = pods.iter().filter(|p| is_ready(p)).collect();
+    if ready.is_empty() {
+        return Err("no ready replicas to read metrics from".into());
+    }
+    let per_pod = match spec.metrics.source {
+        MetricsSource::Direct => {
+            let ips: Vec<String> = ready
+                .iter()
+                .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+                .collect();
+            if ips.len() != ready.len() {
+                return Err("a ready replica has no pod IP".into());
+            }
+            scrape_direct(&ctx.http, &ips, HTTP_PORT).await?
+        }
+        MetricsSource::Prometheus => {
+            let prom = spec
+                .metrics
+                .prometheus
+                .as_ref()
+                .ok_or("metrics.prometheus is not set")?;
+            let names: Vec<String> = ready.iter().map(|p| p.name_any()).collect();
+            let ns = md.namespace().unwrap_or_default();
+            query_prometheus(&ctx.http, &prom.url, &ns, &names, prom.window_seconds).await?
+        }
+    };
+    aggregate(&per_pod).ok_or_else(|| "no metrics".into())
+}

@@ -1,0 +1,422 @@
+//! ModelDeployment status as a pure function of what the reconciler observed (the runtime Deployment, its
+//! pods, the referenced Secret, the autoscaler's verdict) and the previous status.
+//!
+//! Invariants: conditions follow kstatus (`Ready`, `Reconciling`, `Stalled`) plus `DigestVerified`,
+//! `ScalingActive`, `Degraded`; a condition's `lastTransitionTime` changes only when its status does, so a
+//! pass over an unchanged world produces a byte-identical status (no write, no event).
+
+use crate::labels::{DIGEST_ANNOTATION, FETCH_CONTAINER};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use modelfleet_crds::condition_types::*;
+
+/// What the referenced tenants Secret looks like.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TenantsSecret {
+    /// No `spec.tenants`: single-tenant.
+    NotReferenced,
+    /// Exists and has the key.
+    Present,
+    /// The Secret does not exist.
+    Missing(String),
+    /// The Secret lacks the key.
+    MissingKey(String, String),
+}
+
+/// The autoscaler's standing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scaling {
+    /// Whether the built-in autoscaler is acting on fresh metrics.
+    pub active: bool,
+    /// Condition reason.
+    pub reason: String,
+    /// Condition message.
+    pub message: String,
+}
+
+/// Everything one reconcile pass observed.
+#[derive(Clone, Debug)]
+pub struct Observed<'a> {
+    /// `metadata.generation` of the ModelDeployment.
+    pub generation: i64,
+    /// `spec.model.digest`.
+    pub digest: &'a str,
+    /// Replicas the operator is driving towards.
+    pub desired: i32,
+    /// The runtime Deployment, if it exists.
+    pub deployment: Option<&'a Deployment>,
+    /// The runtime pods.
+    pub pods: &'a [Pod],
+    /// The tenants Secret.
+    pub tenants: TenantsSecret,
+    /// The autoscaler.
+    pub scaling: Scaling,
+}
+
+/// The verdict of the fetch init containers of pods made for the current digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DigestVerdict {
+    /// At least one pod verified the bytes.
+    Verified,
+    /// A pod's fetch failed: (reason word, message).
+    Failed(String, String),
+    /// No pod has finished fetching yet.
+    Pending,
+}
+
+fn fetch_terminations(pod: &Pod) -> Vec<ContainerStateTerminated> {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.clone())
+        .unwrap_or_default();
+    statuses
+        .into_iter()
+        .filter(|s| s.name == FETCH_CONTAINER)
+        .flat_map(|s| {
+            [
+                s.state.and_then(|st| st.terminated),
+                s.last_state.and_then(|st| st.terminated),
+            ]
+            .into_iter()
+            .flatten()
+        })
+        .collect()
+}
+
+/// Reads the digest verdict from the pods' init-container termination messages.
+pub fn digest_verdict(pods: &[Pod], digest: &str) -> DigestVerdict {
+    let current = pods.iter().filter(|p| {
+        let annotations = p.metadata.annotations.as_ref();
+        annotations
+            .and_then(|a| a.get(DIGEST_ANNOTATION))
+            .is_some_and(|d| d == digest)
+    });
+    let mut failure = None;
+    for pod in current {
+        for t in fetch_terminations(pod) {
+            if t.exit_code == 0 {
+                return DigestVerdict::Verified;
+            }
+            let message = t.message.clone().unwrap_or_default().trim().to_string();
+            let reason = message
+                .split_once(':')
+                .map(|(r, _)| r.trim())
+                .filter(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric()))
+                .unwrap_or("FetchFailed")
+                .to_string();
+            failure.get_or_insert((reason, message));
+        }
+    }
+    match failure {
+        Some((reason, message)) => DigestVerdict::Failed(reason, message),
+        None => DigestVerdict::Pending,
+    }
+}
+
+fn condition(type_: &str, status: bool, reason: &str, message: String, generation: i64) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if status { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: Some(generation),
+        last_transition_time: Time(Timestamp::UNIX_EPOCH),
+    }
+}
+
+/// Keeps each condition's previous `lastTransitionTime` when its status did not change; stamps `now`
+/// otherwise.
+pub fn carry_transition_times(
+    previous: &[Condition],
+    mut next: Vec<Condition>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    for c in &mut next {
+        c.last_transition_time = match previous.iter().find(|p| p.type_ == c.type_) {
+            Some(p) if p.status == c.status => p.last_transition_time.clone(),
+            _ => Time(now),
+        };
+    }
+    next
+}
+
+/// The conditions for `obs` (transition times still to be carried over).
+pub fn conditions(obs: &Observed) -> Vec<Condition> {
+    let g = obs.generation;
+    let dep_status = obs.deployment.and_then(|d| d.status.clone()).unwrap_or_default();
+    let dep_generation = obs.deployment.and_then(|d| d.metadata.generation).unwrap_or(0);
+    let ready = dep_status.ready_replicas.unwrap_or(0);
+    let updated = dep_status.updated_replicas.unwrap_or(0);
+    let total = dep_status.replicas.unwrap_or(0);
+    let rolled_out = obs.deployment.is_some()
+        && dep_status.observed_generation.unwrap_or(0) >= dep_generation
+        && updated == obs.desired
+        && total == obs.desired
+        && ready >= obs.desired;
+    let deadline_exceeded = dep_status.conditions.iter().flatten().any(|c| {
+        c.type_ == "Progressing"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    });
+
+    let verdict = digest_verdict(obs.pods, obs.digest);
+    let digest_condition = match &verdict {
+        DigestVerdict::Verified => condition(
+            DIGEST_VERIFIED,
+            true,
+            "Verified",
+            format!("model bytes match {}", obs.digest),
+            g,
+        ),
+        DigestVerdict::Failed(reason, message) => {
+            condition(DIGEST_VERIFIED, false, reason, message.clone(), g)
+        }
+        DigestVerdict::Pending => {
+            let mut c = condition(
+                DIGEST_VERIFIED,
+                false,
+                "Pending",
+                "no pod has fetched the model yet".into(),
+                g,
+            );
+            c.status = "Unknown".into();
+            c
+        }
+    };
+
+    // Stalled: progress needs a user's action.
+    let stall: Option<(String, String)> = match (&obs.tenants, &verdict) {
+        (TenantsSecret::Missing(name), _) => Some((
+            "SecretNotFound".into(),
+            format!("tenants Secret {name:?} does not exist"),
+        )),
+        (TenantsSecret::MissingKey(name, key), _) => Some((
+            "SecretKeyNotFound".into(),
+            format!("tenants Secret {name:?} has no key {key:?}"),
+        )),
+        (_, DigestVerdict::Failed(reason, message)) => Some((reason.clone(), message.clone())),
+        _ if deadline_exceeded && !rolled_out => Some((
+            "ProgressDeadlineExceeded".into(),
+            "the runtime Deployment made no progress within its deadline".into(),
+        )),
+        _ => None,
+    };
+
+    let ready_message = format!("{ready}/{} replicas ready", obs.desired);
+    let ready_condition = if rolled_out && obs.desired > 0 {
+        condition(READY, true, "Ready", ready_message.clone(), g)
+    } else if let Some((reason, _)) = &stall {
+        condition(READY, false, reason, ready_message.clone(), g)
+    } else if obs.deployment.is_none() {
+        condition(
+            READY,
+            false,
+            "Creating",
+            "the runtime Deployment does not exist yet".into(),
+            g,
+        )
+    } else {
+        condition(READY, false, "Progressing", ready_message.clone(), g)
+    };
+    let is_ready = ready_condition.status == "True";
+    let stalled_condition = match &stall {
+        Some((reason, message)) if !is_ready => condition(STALLED, true, reason, message.clone(), g),
+        _ => condition(STALLED, false, "NotStalled", String::new(), g),
+    };
+    let reconciling = !is_ready && stall.is_none();
+    let reconciling_condition = if reconciling {
+        condition(RECONCILING, true, "Progressing", ready_message.clone(), g)
+    } else {
+        condition(RECONCILING, false, "Idle", String::new(), g)
+    };
+    let degraded_condition = if ready > 0 && ready < obs.desired {
+        condition(DEGRADED, true, "BelowDesired", ready_message, g)
+    } else if ready > 0 && stall.is_some() {
+        condition(
+            DEGRADED,
+            true,
+            "NewRevisionFailing",
+            "older replicas keep serving".into(),
+            g,
+        )
+    } else {
+        condition(DEGRADED, false, "AsDesired", String::new(), g)
+    };
+    let scaling_condition = condition(
+        SCALING_ACTIVE,
+        obs.scaling.active,
+        &obs.scaling.reason,
+        obs.scaling.message.clone(),
+        g,
+    );
+    vec![
+        ready_condition,
+        reconciling_condition,
+        stalled_condition,
+        digest_condition,
+        scaling_condition,
+        degraded_condition,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DeploymentStatus;
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, PodStatus};
+    use std::collections::BTreeMap;
+
+    const D: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+    fn pod(digest: &str, exit: Option<(i32, &str)>) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.annotations = Some(BTreeMap::from([(
+            DIGEST_ANNOTATION.to_string(),
+            digest.to_string(),
+        )]));
+        let state = exit.map(|(code, msg)| ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                message: Some(msg.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        p.status = Some(PodStatus {
+            init_container_statuses: Some(vec![ContainerStatus {
+                name: FETCH_CONTAINER.into(),
+                state,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn deployment(desired: i32, ready: i32, updated: i32, total: i32) -> Deployment {
+        let mut d = Deployment::default();
+        d.metadata.generation = Some(2);
+        d.status = Some(DeploymentStatus {
+            observed_generation: Some(2),
+            replicas: Some(total),
+            ready_replicas: Some(ready),
+            updated_replicas: Some(updated),
+            ..Default::default()
+        });
+        let _ = desired;
+        d
+    }
+
+    fn obs<'a>(dep: Option<&'a Deployment>, pods: &'a [Pod], desired: i32) -> Observed<'a> {
+        Observed {
+            generation: 3,
+            digest: D,
+            desired,
+            deployment: dep,
+            pods,
+            tenants: TenantsSecret::NotReferenced,
+            scaling: Scaling {
+                active: false,
+                reason: "AutoscalingDisabled".into(),
+                message: String::new(),
+            },
+        }
+    }
+
+    fn get<'a>(cs: &'a [Condition], t: &str) -> (&'a str, &'a str) {
+        let c = cs.iter().find(|c| c.type_ == t).unwrap();
+        (c.status.as_str(), c.reason.as_str())
+    }
+
+    #[test]
+    fn digest_verdicts() {
+        let bad = "DigestMismatch: digest mismatch for file:///m: expected a, got b";
+        let cases: Vec<(Vec<Pod>, DigestVerdict)> = vec![
+            (vec![], DigestVerdict::Pending),
+            (vec![pod(D, None)], DigestVerdict::Pending),
+            (vec![pod(D, Some((0, "")))], DigestVerdict::Verified),
+            (
+                vec![pod(D, Some((4, bad)))],
+                DigestVerdict::Failed("DigestMismatch".into(), bad.into()),
+            ),
+            (vec![pod("sha256:old", Some((4, bad)))], DigestVerdict::Pending), // another revision's pod
+            (
+                vec![pod(D, Some((4, bad))), pod(D, Some((0, "")))],
+                DigestVerdict::Verified,
+            ),
+            (
+                vec![pod(D, Some((1, "panic at the disco")))],
+                DigestVerdict::Failed("FetchFailed".into(), "panic at the disco".into()),
+            ),
+        ];
+        for (pods, expected) in cases {
+            assert_eq!(digest_verdict(&pods, D), expected);
+        }
+    }
+
+    #[test]
+    fn ready_fleet() {
+        let dep = deployment(2, 2, 2, 2);
+        let pods = [pod(D, Some((0, "")))];
+        let cs = conditions(&obs(Some(&dep), &pods, 2));
+        assert_eq!(get(&cs, READY), ("True", "Ready"));
+        assert_eq!(get(&cs, RECONCILING), ("False", "Idle"));
+        assert_eq!(get(&cs, STALLED), ("False", "NotStalled"));
+        assert_eq!(get(&cs, DIGEST_VERIFIED), ("True", "Verified"));
+        assert_eq!(get(&cs, DEGRADED), ("False", "AsDesired"));
+        assert!(cs.iter().all(|c| c.observed_generation == Some(3)));
+    }
+
+    #[test]
+    fn rolling_out_and_scaling_up() {
+        let dep = deployment(3, 1, 1, 1);
+        let cs = conditions(&obs(Some(&dep), &[], 3));
+        assert_eq!(get(&cs, READY), ("False", "Progressing"));
+        assert_eq!(get(&cs, RECONCILING), ("True", "Progressing"));
+        assert_eq!(get(&cs, DEGRADED), ("True", "BelowDesired"));
+        let cs = conditions(&obs(None, &[], 1));
+        assert_eq!(get(&cs, READY), ("False", "Creating"));
+    }
+
+    #[test]
+    fn digest_mismatch_on_a_new_revision_stalls_while_old_pods_serve() {
+        // The old ReplicaSet still has 2 ready pods; the new one's pod failed verification.
+        let dep = deployment(2, 2, 1, 3);
+        let pods = [pod(D, Some((4, "DigestMismatch: expected x, got y")))];
+        let cs = conditions(&obs(Some(&dep), &pods, 2));
+        assert_eq!(get(&cs, DIGEST_VERIFIED), ("False", "DigestMismatch"));
+        assert_eq!(get(&cs, STALLED), ("True", "DigestMismatch"));
+        assert_eq!(get(&cs, READY), ("False", "DigestMismatch"));
+        assert_eq!(get(&cs, RECONCILING), ("False", "Idle"));
+        assert_eq!(get(&cs, DEGRADED), ("True", "NewRevisionFailing"));
+    }
+
+    #[test]
+    fn missing_tenants_secret_stalls() {
+        let mut o = obs(None, &[], 1);
+        o.tenants = TenantsSecret::Missing("keys".into());
+        let cs = conditions(&o);
+        assert_eq!(get(&cs, STALLED), ("True", "SecretNotFound"));
+        o.tenants = TenantsSecret::MissingKey("keys".into(), "tenants.yaml".into());
+        assert_eq!(get(&conditions(&o), STALLED), ("True", "SecretKeyNotFound"));
+    }
+
+    #[test]
+    fn transition_times_only_move_on_transitions() {
+        let t0 = Timestamp::from_second(1_800_000_000).unwrap();
+        let t1 = Timestamp::from_second(1_800_000_100).unwrap();
+        let dep = deployment(1, 1, 1, 1);
+        let first = carry_transition_times(&[], conditions(&obs(Some(&dep), &[], 1)), t0);
+        let again = carry_transition_times(&first, conditions(&obs(Some(&dep), &[], 1)), t1);
+        assert_eq!(first, again, "an unchanged world gives an identical status");
+        let scaled = deployment(2, 1, 1, 1);
+        let next = carry_transition_times(&again, conditions(&obs(Some(&scaled), &[], 2)), t1);
+        let ready = next.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!(ready.last_transition_time, Time(t1));
+        let stalled = next.iter().find(|c| c.type_ == STALLED).unwrap();
+        assert_eq!(stalled.last_transition_time, Time(t0));
+    }
+}

@@ -1,0 +1,129 @@
+//! The operator's own observability: Prometheus metrics (reconciles, errors by reason, durations, status
+//! writes, autoscaler decisions, leadership) and the `/metrics`, `/healthz`, `/readyz` endpoints.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Metrics of the controller.
+pub struct Metrics {
+    registry: Registry,
+    /// Reconcile passes.
+    pub reconciliations: IntCounter,
+    /// Failed passes, by `Error::metric_label`.
+    pub errors: IntCounterVec,
+    /// Duration of a pass.
+    pub duration: Histogram,
+    /// Status writes (a steady fleet makes none).
+    pub status_writes: IntCounter,
+    /// Replica changes decided by the built-in autoscaler, by direction.
+    pub scaling_decisions: IntCounterVec,
+    /// 1 while this replica holds the leader Lease.
+    pub leader: IntGauge,
+    /// Set once the process can serve (the API client is up).
+    pub ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let registry = Registry::new();
+        let reconciliations =
+            IntCounter::new("modelfleet_operator_reconciliations_total", "Reconcile passes").unwrap();
+        let errors = IntCounterVec::new(
+            Opts::new(
+                "modelfleet_operator_reconcile_errors_total",
+                "Failed reconcile passes by reason",
+            ),
+            &["reason"],
+        )
+        .unwrap();
+        let duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "modelfleet_operator_reconcile_duration_seconds",
+                "Duration of reconcile passes",
+            )
+            .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+        )
+        .unwrap();
+        let status_writes = IntCounter::new(
+            "modelfleet_operator_status_writes_total",
+            "ModelDeployment status writes",
+        )
+        .unwrap();
+        let scaling_decisions = IntCounterVec::new(
+            Opts::new(
+                "modelfleet_operator_scaling_decisions_total",
+                "Replica changes by the built-in autoscaler",
+            ),
+            &["direction"],
+        )
+        .unwrap();
+        let leader =
+            IntGauge::new("modelfleet_operator_leader", "1 while this replica is the leader").unwrap();
+        for c in [
+            Box::new(reconciliations.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(errors.clone()),
+            Box::new(duration.clone()),
+            Box::new(status_writes.clone()),
+            Box::new(scaling_decisions.clone()),
+            Box::new(leader.clone()),
+        ] {
+            registry.register(c).unwrap();
+        }
+        Metrics {
+            registry,
+            reconciliations,
+            errors,
+            duration,
+            status_writes,
+            scaling_decisions,
+            leader,
+            ready: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Metrics {
+    /// Prometheus text of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+}
+
+/// The HTTP endpoints.
+pub fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(m): State<Arc<Metrics>>| async move { m.render() }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(|State(m): State<Arc<Metrics>>| async move {
+                if m.ready.load(Ordering::Relaxed) {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+                }
+            }),
+        )
+        .with_state(metrics)
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
