@@ -24,6 +24,7 @@ down:
 
 crds:
 	$(CARGO) run -q -p modelfleet-operator -- crds --out-dir crds
+	$(CARGO) run -q -p modelfleet-operator -- crds --out-dir charts/modelfleet/crds
 
 lint:
 	$(CARGO) fmt --all --check

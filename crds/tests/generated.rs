@@ -1,5 +1,6 @@
-//! The CRD YAML committed under `crds/` must be exactly what the Rust types generate.
-//! Regenerate with `make crds` (which runs `modelfleet-operator crds`) after changing a type.
+//! The CRD YAML committed under `crds/` — and the copy the Helm chart installs from
+//! `charts/modelfleet/crds/` — must be exactly what the Rust types generate.
+//! Regenerate both with `make crds` (which runs `modelfleet-operator crds`) after changing a type.
 
 use modelfleet_crds::{crd_file_name, crd_yaml, crds};
 use std::path::Path;
@@ -7,12 +8,14 @@ use std::path::Path;
 #[test]
 fn committed_crd_yaml_is_up_to_date() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let chart = dir.join("../charts/modelfleet/crds");
     let mut stale = Vec::new();
     for crd in crds() {
-        let file = dir.join(crd_file_name(&crd));
-        let committed = std::fs::read_to_string(&file).unwrap_or_default();
-        if committed != crd_yaml(&crd) {
-            stale.push(file.display().to_string());
+        for file in [dir.join(crd_file_name(&crd)), chart.join(crd_file_name(&crd))] {
+            let committed = std::fs::read_to_string(&file).unwrap_or_default();
+            if committed != crd_yaml(&crd) {
+                stale.push(file.display().to_string());
+            }
         }
     }
     assert!(

@@ -22,7 +22,16 @@ fn lora(name: &str, base: &str) -> String {
 
 fn install_crds() {
     let dir = repo_root().join("crds");
-    kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-f", dir.to_str().unwrap()], None);
+    kubectl_ok(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
     kubectl_ok(
         &[
             "wait",
@@ -39,8 +48,14 @@ fn install_crds() {
 fn check_rejected(ns: &str, case: &str, yaml: &str, expected: &str) {
     let out = kubectl(&["apply", "-n", ns, "-f", "-"], Some(yaml));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{case}: the API server accepted an invalid object:\n{yaml}");
-    assert!(stderr.contains(expected), "{case}: expected {expected:?} in the error, got: {stderr}");
+    assert!(
+        !out.status.success(),
+        "{case}: the API server accepted an invalid object:\n{yaml}"
+    );
+    assert!(
+        stderr.contains(expected),
+        "{case}: expected {expected:?} in the error, got: {stderr}"
+    );
 }
 
 #[tokio::test]
@@ -52,12 +67,29 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
 
     // A valid object is accepted and found through its short name and category.
     let autoscaled = "  autoscaling:\n    minReplicas: 1\n    maxReplicas: 3\n";
-    kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(&model_deployment("tiny", autoscaled, DIGEST)));
+    kubectl_ok(
+        &["apply", "-n", ns, "-f", "-"],
+        Some(&model_deployment("tiny", autoscaled, DIGEST)),
+    );
     assert!(kubectl_ok(&["get", "md", "-n", ns], None).contains("tiny"));
     let by_category = kubectl_ok(&["get", "modelfleet", "-n", ns, "-o", "name"], None);
-    assert!(by_category.contains("modeldeployment.modelfleet.io/tiny"), "{by_category}");
+    assert!(
+        by_category.contains("modeldeployment.modelfleet.io/tiny"),
+        "{by_category}"
+    );
     // Defaults from the schema are applied by the API server.
-    let mode = kubectl_ok(&["get", "md", "tiny", "-n", ns, "-o", "jsonpath={.spec.autoscaling.mode}"], None);
+    let mode = kubectl_ok(
+        &[
+            "get",
+            "md",
+            "tiny",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.autoscaling.mode}",
+        ],
+        None,
+    );
     assert_eq!(mode, "Builtin");
 
     let cases: &[(&str, String, &str)] = &[
@@ -73,7 +105,11 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
         ),
         (
             "minReplicas > maxReplicas (CEL)",
-            model_deployment("min-max", "  autoscaling:\n    minReplicas: 5\n    maxReplicas: 2\n", DIGEST),
+            model_deployment(
+                "min-max",
+                "  autoscaling:\n    minReplicas: 5\n    maxReplicas: 2\n",
+                DIGEST,
+            ),
             "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
         ),
         (
@@ -83,17 +119,29 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
         ),
         (
             "replicas with Builtin autoscaling (CEL)",
-            model_deployment("both", "  replicas: 2\n  autoscaling:\n    mode: Builtin\n", DIGEST),
+            model_deployment(
+                "both",
+                "  replicas: 2\n  autoscaling:\n    mode: Builtin\n",
+                DIGEST,
+            ),
             "spec.replicas must not be set while spec.autoscaling.mode is Builtin",
         ),
         (
             "Prometheus source without a URL (CEL)",
-            model_deployment("prom", "  autoscaling:\n    metrics:\n      source: Prometheus\n", DIGEST),
+            model_deployment(
+                "prom",
+                "  autoscaling:\n    metrics:\n      source: Prometheus\n",
+                DIGEST,
+            ),
             "metrics.prometheus.url is required when metrics.source is Prometheus",
         ),
         (
             "KV block size (CEL)",
-            model_deployment("blocks", "  runtime:\n    kvCache:\n      blockSize: 12\n", DIGEST),
+            model_deployment(
+                "blocks",
+                "  runtime:\n    kvCache:\n      blockSize: 12\n",
+                DIGEST,
+            ),
             "blockSize must be one of 8, 16, 32, 64, 128",
         ),
         (
@@ -101,7 +149,11 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
             model_deployment("mode", "  autoscaling:\n    mode: Sometimes\n", DIGEST),
             "Unsupported value: \"Sometimes\"",
         ),
-        ("lora digest", lora("bad", "tiny").replace(DIGEST, "md5:abc"), "should match '^sha256:[0-9a-f]{64}$'"),
+        (
+            "lora digest",
+            lora("bad", "tiny").replace(DIGEST, "md5:abc"),
+            "should match '^sha256:[0-9a-f]{64}$'",
+        ),
     ];
     for (case, yaml, expected) in cases {
         check_rejected(ns, case, yaml, expected);
@@ -109,18 +161,35 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
 
     // LoraAdapter.spec.modelDeploymentRef is immutable; other fields may change.
     kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(&lora("style", "tiny")));
-    check_rejected(ns, "immutable ref", &lora("style", "other"), "modelDeploymentRef is immutable");
-    kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(&lora("style", "tiny").replace("/style", "/style-v2")));
+    check_rejected(
+        ns,
+        "immutable ref",
+        &lora("style", "other"),
+        "modelDeploymentRef is immutable",
+    );
+    kubectl_ok(
+        &["apply", "-n", ns, "-f", "-"],
+        Some(&lora("style", "tiny").replace("/style", "/style-v2")),
+    );
 
     // The scale subresource drives spec.replicas in External mode (what HPA and KEDA use) ...
     let external = "  replicas: 1\n  autoscaling:\n    mode: External\n";
-    kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(&model_deployment("ext", external, DIGEST)));
+    kubectl_ok(
+        &["apply", "-n", ns, "-f", "-"],
+        Some(&model_deployment("ext", external, DIGEST)),
+    );
     kubectl_ok(&["scale", "-n", ns, "md/ext", "--replicas=3"], None);
-    let replicas = kubectl_ok(&["get", "md", "ext", "-n", ns, "-o", "jsonpath={.spec.replicas}"], None);
+    let replicas = kubectl_ok(
+        &["get", "md", "ext", "-n", ns, "-o", "jsonpath={.spec.replicas}"],
+        None,
+    );
     assert_eq!(replicas, "3");
     // ... and is refused in Builtin mode, where the autoscaler owns the count.
     let out = kubectl(&["scale", "-n", ns, "md/tiny", "--replicas=3"], None);
-    assert!(!out.status.success(), "kubectl scale of a Builtin-autoscaled ModelDeployment was accepted");
+    assert!(
+        !out.status.success(),
+        "kubectl scale of a Builtin-autoscaled ModelDeployment was accepted"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("spec.replicas must not be set"));
 
     // Printer columns are served.

@@ -58,7 +58,10 @@ fn is_ready(pod: &Pod) -> bool {
 
 async fn ready_pods(pods: &Api<Pod>, selector: &str) -> Vec<Pod> {
     let list = pods.list(&ListParams::default().labels(selector)).await.unwrap();
-    list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p)).collect()
+    list.items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
+        .collect()
 }
 
 #[tokio::test]
@@ -84,8 +87,10 @@ async fn deployment_scales_to_three_ready_pods_that_serve_and_are_scraped() {
     .await;
 
     // Each pod has its own loopback address and answers on it.
-    let mut ips: Vec<String> =
-        ready.iter().map(|p| p.status.as_ref().unwrap().pod_ip.clone().expect("podIP")).collect();
+    let mut ips: Vec<String> = ready
+        .iter()
+        .map(|p| p.status.as_ref().unwrap().pod_ip.clone().expect("podIP"))
+        .collect();
     ips.sort();
     ips.dedup();
     assert_eq!(ips.len(), 3, "pod IPs are not unique: {ips:?}");
@@ -94,7 +99,14 @@ async fn deployment_scales_to_three_ready_pods_that_serve_and_are_scraped() {
         let ip = pod.status.as_ref().unwrap().pod_ip.as_ref().unwrap();
         assert!(ip.starts_with("127."), "pod IP {ip} is not on loopback");
         let name = pod.metadata.name.as_ref().unwrap();
-        let body = http.get(format!("http://{ip}:8080/")).send().await.unwrap().text().await.unwrap();
+        let body = http
+            .get(format!("http://{ip}:8080/"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert_eq!(body, format!("hello from {}/{name}\n", ns.name));
     }
 
@@ -108,7 +120,17 @@ async fn deployment_scales_to_three_ready_pods_that_serve_and_are_scraped() {
     .await;
 
     // Deleting the Deployment removes the pods and stops their processes.
-    kubectl_ok(&["delete", "-n", &ns.name, "deployment/web", "--wait=true", "--timeout=60s"], None);
+    kubectl_ok(
+        &[
+            "delete",
+            "-n",
+            &ns.name,
+            "deployment/web",
+            "--wait=true",
+            "--timeout=60s",
+        ],
+        None,
+    );
     wait_until("the pods to be gone", Duration::from_secs(60), || async {
         let list = pods.list(&ListParams::default().labels("app=web")).await.ok()?;
         list.items.is_empty().then_some(())
@@ -158,16 +180,26 @@ spec:
 }
 
 async fn terminated(pods: &Api<Pod>, name: &str) -> (String, i32, String) {
-    wait_until(&format!("pod {name} to finish"), Duration::from_secs(60), || async {
-        let pod = pods.get(name).await.ok()?;
-        let status = pod.status?;
-        let phase = status.phase?;
-        if phase != "Succeeded" && phase != "Failed" {
-            return None;
-        }
-        let term = status.container_statuses?.first()?.state.as_ref()?.terminated.clone()?;
-        Some((phase, term.exit_code, term.message.unwrap_or_default()))
-    })
+    wait_until(
+        &format!("pod {name} to finish"),
+        Duration::from_secs(60),
+        || async {
+            let pod = pods.get(name).await.ok()?;
+            let status = pod.status?;
+            let phase = status.phase?;
+            if phase != "Succeeded" && phase != "Failed" {
+                return None;
+            }
+            let term = status
+                .container_statuses?
+                .first()?
+                .state
+                .as_ref()?
+                .terminated
+                .clone()?;
+            Some((phase, term.exit_code, term.message.unwrap_or_default()))
+        },
+    )
     .await
 }
 
@@ -177,8 +209,14 @@ async fn pods_get_service_account_tokens_subject_to_rbac() {
     let ns = TestNamespace::new("rbac");
     let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
     kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(RBAC));
-    kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&kubectl_pod("allowed", &ns.name, "pods")));
-    kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&kubectl_pod("denied", &ns.name, "secrets")));
+    kubectl_ok(
+        &["apply", "-n", &ns.name, "-f", "-"],
+        Some(&kubectl_pod("allowed", &ns.name, "pods")),
+    );
+    kubectl_ok(
+        &["apply", "-n", &ns.name, "-f", "-"],
+        Some(&kubectl_pod("denied", &ns.name, "secrets")),
+    );
 
     let (phase, code, _) = terminated(&pods, "allowed").await;
     assert_eq!((phase.as_str(), code), ("Succeeded", 0));
@@ -186,7 +224,10 @@ async fn pods_get_service_account_tokens_subject_to_rbac() {
     assert_eq!(phase, "Failed");
     assert_ne!(code, 0);
     let who = format!("system:serviceaccount:{}:reader", ns.name);
-    assert!(message.contains("forbidden") && message.contains(&who), "termination message: {message}");
+    assert!(
+        message.contains("forbidden") && message.contains(&who),
+        "termination message: {message}"
+    );
 }
 
 const INIT_FAILS: &str = r#"
@@ -212,12 +253,21 @@ async fn a_failed_init_container_reports_its_termination_message() {
     kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(INIT_FAILS));
     let (phase, init) = wait_until("the init container to fail", Duration::from_secs(60), || async {
         let status = pods.get("verify").await.ok()?.status?;
-        let init = status.init_container_statuses?.first()?.state.as_ref()?.terminated.clone()?;
+        let init = status
+            .init_container_statuses?
+            .first()?
+            .state
+            .as_ref()?
+            .terminated
+            .clone()?;
         Some((status.phase?, init))
     })
     .await;
     assert_eq!(init.exit_code, 3);
-    assert_eq!(init.message.as_deref(), Some("digest mismatch: want sha256:aa got sha256:bb\n"));
+    assert_eq!(
+        init.message.as_deref(),
+        Some("digest mismatch: want sha256:aa got sha256:bb\n")
+    );
     wait_until("phase Failed", Duration::from_secs(30), || async {
         let phase = pods.get("verify").await.ok()?.status?.phase?;
         (phase == "Failed").then_some(())
@@ -227,5 +277,7 @@ async fn a_failed_init_container_reports_its_termination_message() {
     // The main container never started.
     let status = pods.get("verify").await.unwrap().status.unwrap();
     let main = &status.container_statuses.unwrap()[0];
-    assert!(main.state.as_ref().unwrap().terminated.is_none() && main.state.as_ref().unwrap().running.is_none());
+    assert!(
+        main.state.as_ref().unwrap().terminated.is_none() && main.state.as_ref().unwrap().running.is_none()
+    );
 }

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 /// The repository root (for `crds/`, manifests).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn require_cluster() {
@@ -26,8 +29,14 @@ pub fn kubectl(args: &[&str], stdin: Option<&str>) -> Output {
     require_cluster();
     let mut cmd = Command::new("kubectl");
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
-    let mut child = cmd.spawn().expect("kubectl on PATH (eval \"$(e2e/cluster env)\")");
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = cmd
+        .spawn()
+        .expect("kubectl on PATH (eval \"$(e2e/cluster env)\")");
     if let Some(input) = stdin {
         use std::io::Write;
         child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
@@ -51,13 +60,18 @@ pub fn kubectl_ok(args: &[&str], stdin: Option<&str>) -> String {
 pub async fn client() -> kube::Client {
     require_cluster();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    kube::Client::try_default().await.expect("kube client from KUBECONFIG")
+    kube::Client::try_default()
+        .await
+        .expect("kube client from KUBECONFIG")
 }
 
 /// A plain HTTP client (pod IPs and Prometheus are plain HTTP on loopback).
 pub fn http() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
 }
 
 /// A namespace for one test, deleted (without waiting) when dropped.
@@ -67,7 +81,10 @@ pub struct TestNamespace {
 
 impl TestNamespace {
     pub fn new(prefix: &str) -> Self {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
         let name = format!("e2e-{prefix}-{:x}", nanos ^ std::process::id());
         kubectl_ok(&["create", "namespace", &name], None);
         TestNamespace { name }
@@ -91,7 +108,10 @@ where
         if let Some(v) = probe().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }

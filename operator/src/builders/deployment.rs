@@ -111,6 +111,9 @@ fn fetch_container(md: &ModelDeployment, image: &str, cache: &ModelCache) -> Con
         md.spec.model.digest.clone(),
         "--dest".into(),
         MODEL_DIR.into(),
+        // Explicit, so harnesses that rewrite paths in args (the e2e process kubelet) see it too.
+        "--termination-log".into(),
+        "/dev/termination-log".into(),
     ];
     let mut mounts = vec![mount("model", MODEL_DIR, false)];
     if *cache != ModelCache::None {
@@ -356,6 +359,8 @@ mod tests {
                 DIGEST,
                 "--dest",
                 MODEL_DIR,
+                "--termination-log",
+                "/dev/termination-log",
                 "--cache",
                 CACHE_DIR
             ]
