@@ -18,4 +18,5 @@ trap cleanup EXIT
 
 e2e/cluster up
 eval "$(e2e/cluster env)"
-cargo test -p modelfleet-e2e --tests -- --ignored --test-threads=4
+# --workspace keeps the feature set of `cargo test --workspace`, so nothing is rebuilt; only e2e has ignored tests.
+cargo test --workspace --tests -- --ignored --test-threads=4
