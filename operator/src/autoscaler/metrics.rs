@@ -16,6 +16,14 @@ pub const RUNNING: &str = "modelfleet_requests_running";
 /// KV blocks referenced by live requests ÷ total.
 pub const KV_USAGE: &str = "modelfleet_kv_cache_usage_ratio";
 
+/// The HTTP client for scrapes and PromQL (installs the process-wide rustls provider if none is).
+pub fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .build()
+        .expect("HTTP client with the ring provider")
+}
+
 /// One pod's figures.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodMetrics {

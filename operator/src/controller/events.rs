@@ -28,7 +28,10 @@ pub fn transitions(
         }
         let warning =
             (t == STALLED && new.status == "True") || (t == DIGEST_VERIFIED && new.status == "False");
-        if t == DIGEST_VERIFIED && new.status == "Unknown" {
+        // Nothing to say about a condition that starts out benign (not stalled, not yet verified).
+        let benign =
+            (t == STALLED && new.status == "False") || (t == DIGEST_VERIFIED && new.status == "Unknown");
+        if benign && old.is_none_or(|o| o.status == new.status) {
             continue;
         }
         out.push((

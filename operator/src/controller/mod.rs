@@ -52,7 +52,7 @@ pub const AUTOSCALE_INTERVAL: Duration = Duration::from_secs(3);
 
 /// Runs the controller until a shutdown signal.
 pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, identity: &str) {
-    let http = reqwest::Client::builder().build().expect("HTTP client");
+    let http = crate::autoscaler::metrics::http_client();
     let reporter = Reporter {
         controller: "modelfleet-operator".into(),
         instance: Some(identity.into()),
@@ -215,3 +215,6 @@ pub fn desired_objects(
         builders::desired_pdb(md, replicas),
     )
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,312 @@
+//! Reconcile against a mocked API server that checks every request, in order: method, path, and the
+//! parts of the body that matter (what is applied, what status is written). A request the scenario does not
+//! expect fails the test; so does a missing one.
+
+use super::{Context, reconcile};
+use crate::config::OperatorConfig;
+use crate::telemetry::Metrics;
+use http::{Method, Request, Response, StatusCode};
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
+use modelfleet_crds::ModelDeployment;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+const NS: &str = "serving";
+const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+fn md(extra: Value, status: Option<Value>) -> ModelDeployment {
+    let mut v = json!({
+        "apiVersion": "modelfleet.io/v1alpha1", "kind": "ModelDeployment",
+        "metadata": {"name": "smollm2", "namespace": NS, "uid": "6f1e0c39-0000-4000-8000-000000000001",
+                     "generation": 1, "resourceVersion": "7"},
+        "spec": {"model": {"uri": "file:///models/smollm2.gguf", "digest": DIGEST}, "replicas": 2}
+    });
+    for (k, val) in extra.as_object().unwrap() {
+        v["spec"][k] = val.clone();
+    }
+    if let Some(s) = status {
+        v["status"] = s;
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+fn context(client: Client) -> Arc<Context> {
+    let reporter = Reporter {
+        controller: "modelfleet-operator".into(),
+        instance: Some("test".into()),
+    };
+    Arc::new(Context {
+        client: client.clone(),
+        cfg: OperatorConfig::default(),
+        http: crate::autoscaler::metrics::http_client(),
+        metrics: Arc::new(Metrics::default()),
+        recorder: Recorder::new(client, reporter),
+        last_sample: Mutex::new(HashMap::new()),
+    })
+}
+
+fn not_found() -> Response<Body> {
+    let body =
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
+    Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .body(Body::from(body.to_string().into_bytes()))
+        .unwrap()
+}
+
+fn ok(body: &Value) -> Response<Body> {
+    Response::builder()
+        .body(Body::from(body.to_string().into_bytes()))
+        .unwrap()
+}
+
+/// One expected request: method, path (and query), and what to answer. Returns the request body.
+async fn expect(
+    handle: &mut Handle,
+    method: Method,
+    path: &str,
+    answer: impl FnOnce(&Value) -> Response<Body>,
+) -> Value {
+    let (request, send) = handle
+        .next_request()
+        .await
+        .expect("the reconciler made another request");
+    assert_eq!(request.method(), method, "for {}", request.uri());
+    let uri = request.uri().to_string();
+    assert!(uri.starts_with(path), "expected {method} {path}, got {uri}");
+    let bytes = request.into_body().collect_bytes().await.unwrap();
+    let body: Value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    send.send_response(answer(&body));
+    body
+}
+
+fn echo(body: &Value) -> Response<Body> {
+    ok(body)
+}
+
+/// The API server's answer to a status apply: the whole object with that status.
+fn with_status(body: &Value) -> Response<Body> {
+    ok(&serde_json::to_value(md(json!({}), Some(body["status"].clone()))).unwrap())
+}
+
+/// Answers every Event the reconciler publishes (best effort, order-insensitive) until it finishes.
+async fn drain_events(handle: &mut Handle) -> Vec<String> {
+    let mut reasons = Vec::new();
+    while let Some((request, send)) = handle.next_request().await {
+        let uri = request.uri().to_string();
+        assert!(
+            uri.contains("/events"),
+            "unexpected request after the status write: {uri}"
+        );
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        reasons.push(body["reason"].as_str().unwrap_or_default().to_string());
+        send.send_response(ok(&body));
+    }
+    reasons
+}
+
+const APPS: &str = "/apis/apps/v1/namespaces/serving/deployments";
+const PODS: &str = "/api/v1/namespaces/serving/pods";
+const SECRETS: &str = "/api/v1/namespaces/serving/secrets";
+
+/// The requests of a pass up to (not including) the status write; returns the applied Deployment.
+async fn observe_and_apply(handle: &mut Handle, tenants: Option<Response<Body>>) -> Value {
+    expect(handle, Method::GET, &format!("{APPS}/smollm2"), |_| not_found()).await;
+    expect(
+        handle,
+        Method::GET,
+        &format!("{PODS}?&labelSelector=app.kubernetes.io%2Finstance%3Dsmollm2"),
+        |_| ok(&json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})),
+    )
+    .await;
+    if let Some(answer) = tenants {
+        expect(handle, Method::GET, &format!("{SECRETS}/keys"), |_| answer).await;
+    }
+    expect(
+        handle,
+        Method::GET,
+        &format!("{SECRETS}/smollm2-admin-token"),
+        |_| not_found(),
+    )
+    .await;
+    let secret = expect(
+        handle,
+        Method::PATCH,
+        &format!("{SECRETS}/smollm2-admin-token?&force=true&fieldManager=modelfleet-operator"),
+        echo,
+    )
+    .await;
+    assert_eq!(secret["kind"], "Secret");
+    let deployment = expect(
+        handle,
+        Method::PATCH,
+        &format!("{APPS}/smollm2?&force=true&fieldManager=modelfleet-operator"),
+        echo,
+    )
+    .await;
+    let service = expect(
+        handle,
+        Method::PATCH,
+        "/api/v1/namespaces/serving/services/smollm2?",
+        echo,
+    )
+    .await;
+    assert_eq!(service["spec"]["ports"][0]["port"], 8000);
+    let pdb = expect(
+        handle,
+        Method::PATCH,
+        "/apis/policy/v1/namespaces/serving/poddisruptionbudgets/smollm2?",
+        echo,
+    )
+    .await;
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    let applied = deployment.clone();
+    expect(handle, Method::GET, &format!("{APPS}/smollm2"), move |_| {
+        ok(&applied)
+    })
+    .await;
+    deployment
+}
+
+#[tokio::test]
+async fn first_pass_applies_owned_objects_and_writes_status() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(service, NS));
+    let server = tokio::spawn(async move {
+        let deployment = observe_and_apply(&mut handle, None).await;
+        assert_eq!(deployment["spec"]["replicas"], 2);
+        assert_eq!(
+            deployment["metadata"]["ownerReferences"][0]["kind"],
+            "ModelDeployment"
+        );
+        let status = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/modelfleet.io/v1alpha1/namespaces/serving/modeldeployments/smollm2/status?&force=true&fieldManager=modelfleet-operator",
+            with_status,
+        )
+        .await;
+        (status, drain_events(&mut handle).await)
+    });
+    reconcile(Arc::new(md(json!({}), None)), ctx.clone())
+        .await
+        .unwrap();
+    drop(ctx);
+    let (status, events) = server.await.unwrap();
+    let s = &status["status"];
+    assert_eq!(s["observedGeneration"], 1);
+    assert_eq!(s["desiredReplicas"], 2);
+    assert_eq!(
+        s["selector"],
+        "app.kubernetes.io/instance=smollm2,app.kubernetes.io/name=modelfleet-runtime"
+    );
+    let conditions: HashMap<String, (String, String)> = s["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["type"].as_str().unwrap().into(),
+                (
+                    c["status"].as_str().unwrap().into(),
+                    c["reason"].as_str().unwrap().into(),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(conditions["Ready"], ("False".into(), "Progressing".into()));
+    assert_eq!(conditions["Reconciling"], ("True".into(), "Progressing".into()));
+    assert_eq!(conditions["DigestVerified"], ("Unknown".into(), "Pending".into()));
+    assert_eq!(
+        conditions["ScalingActive"],
+        ("False".into(), "AutoscalingDisabled".into())
+    );
+    assert_eq!(events, ["Progressing"]);
+}
+
+#[tokio::test]
+async fn an_unchanged_world_writes_nothing() {
+    // First pass: capture the status it writes.
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(service, NS));
+    let server = tokio::spawn(async move {
+        observe_and_apply(&mut handle, None).await;
+        let status = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/modelfleet.io/v1alpha1/",
+            with_status,
+        )
+        .await;
+        drain_events(&mut handle).await;
+        status
+    });
+    reconcile(Arc::new(md(json!({}), None)), ctx.clone())
+        .await
+        .unwrap();
+    drop(ctx);
+    let written = server.await.unwrap();
+
+    // Second pass over the same world, with that status: the same applies, no status write, no event.
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(service, NS));
+    let server = tokio::spawn(async move {
+        observe_and_apply(&mut handle, None).await;
+        assert!(
+            handle.next_request().await.is_none(),
+            "a second pass over an unchanged world wrote something"
+        );
+    });
+    reconcile(
+        Arc::new(md(json!({}), Some(written["status"].clone()))),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    drop(ctx);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_missing_tenants_secret_stalls_with_a_reason() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(service, NS));
+    let server = tokio::spawn(async move {
+        let deployment = observe_and_apply(&mut handle, Some(not_found())).await;
+        let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(args.contains("/etc/modelfleet/tenants/tenants.yaml"), "{args}");
+        let status = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/modelfleet.io/v1alpha1/",
+            with_status,
+        )
+        .await;
+        drain_events(&mut handle).await;
+        status
+    });
+    let spec = json!({"tenants": {"secretRef": {"name": "keys"}}});
+    reconcile(Arc::new(md(spec, None)), ctx.clone()).await.unwrap();
+    drop(ctx);
+    let status = server.await.unwrap();
+    let stalled = status["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Stalled")
+        .unwrap()
+        .clone();
+    assert_eq!(stalled["status"], "True");
+    assert_eq!(stalled["reason"], "SecretNotFound");
+    assert_eq!(stalled["message"], "tenants Secret \"keys\" does not exist");
+}
