@@ -3,6 +3,7 @@
 //! - [`digest`]: the canonical content digest of a model or adapter (DESIGN.md, "Canonical digest").
 //! - [`fetch`]: download or copy an artifact, verify its digest, then put it in place (init container).
 //! - [`fetch_cmd`]: the `fetch` command line.
+//! - [`tenants`]: API keys → tenant ids from the tenants file, reloaded on change (Secret rotation).
 //!
 //! The OpenAI-compatible server (`serve`), `gen-model` and `gen-adapter` arrive with the runtime, engine
 //! and LoRA issues.
@@ -10,3 +11,4 @@
 pub mod digest;
 pub mod fetch;
 pub mod fetch_cmd;
+pub mod tenants;
