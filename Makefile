@@ -1,6 +1,7 @@
 # modelfleet — the two commands a newcomer needs:
 #   make up     bring up the local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-#               the process kubelet, Prometheus) built from the official Go modules
+#               the process kubelet, Prometheus) built from the official Go modules, with the CRDs and
+#               the operator installed by its Helm chart
 #   make test   every test: fmt, clippy, unit + integration tests, and the end-to-end suite
 # `make setup` installs what both need on a fresh Debian machine (called by both).
 
@@ -16,8 +17,7 @@ build:
 	$(CARGO) build --workspace --bins
 
 up: setup build
-	e2e/cluster up
-	@echo; echo 'Use it from your shell:  eval "$$(e2e/cluster env)"; kubectl get nodes'
+	bash e2e/scripts/up.sh
 
 down:
 	e2e/cluster down

@@ -16,7 +16,7 @@ mkdir -p "$BIN"
 WORK="$MF_CACHE/build"
 mkdir -p "$WORK"
 
-log() { echo "[build-k8s] $*" >&2; }
+log() { echo "[build-k8s $(date +%T)] $*" >&2; }
 
 build_kubernetes() {
   local want=()
