@@ -1,0 +1,338 @@
+//! The runtime's Prometheus metrics, with the names fixed by DESIGN.md, `model` and `tenant` labels where
+//! they apply, and the vLLM-compatible aliases (`vllm:num_requests_waiting`, `vllm:num_requests_running`,
+//! `vllm:kv_cache_usage_perc`) so existing dashboards, KEDA triggers and the Gateway API inference
+//! extension work unchanged.
+//!
+//! Invariants: the gauges describe the engine as of its last step (the step loop sets them, nothing
+//! else); `kv_cache_usage_ratio` counts blocks referenced by live requests only (evictable cached blocks
+//! do not count); every counter only grows; label values are tenant ids and served names, never keys.
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// TTFT and whole-request latency buckets: from 10 ms (a warm prefix) to 10 minutes (a long queue).
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0,
+];
+/// Inter-token latency buckets: 1 ms to 5 s.
+pub const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
+];
+
+/// Every metric the runtime exports.
+pub struct RuntimeMetrics {
+    registry: Registry,
+    /// `modelfleet_requests_waiting{model}`.
+    pub requests_waiting: IntGaugeVec,
+    /// `modelfleet_requests_running{model}`.
+    pub requests_running: IntGaugeVec,
+    /// `modelfleet_kv_cache_usage_ratio{model}`: live-referenced blocks ÷ total.
+    pub kv_cache_usage_ratio: GaugeVec,
+    /// `modelfleet_kv_cache_cached_blocks{model}`: evictable blocks holding a cached prefix.
+    pub kv_cache_cached_blocks: IntGaugeVec,
+    /// `modelfleet_prefix_cache_queries_total{model,tenant}` (tokens looked up).
+    pub prefix_cache_queries: IntCounterVec,
+    /// `modelfleet_prefix_cache_hits_total{model,tenant}` (tokens found).
+    pub prefix_cache_hits: IntCounterVec,
+    /// `modelfleet_time_to_first_token_seconds{model,tenant}`.
+    pub time_to_first_token: HistogramVec,
+    /// `modelfleet_inter_token_latency_seconds{model,tenant}`.
+    pub inter_token_latency: HistogramVec,
+    /// `modelfleet_request_latency_seconds{model,tenant}`.
+    pub request_latency: HistogramVec,
+    /// `modelfleet_queue_time_seconds{model,tenant}`.
+    pub queue_time: HistogramVec,
+    /// `modelfleet_prompt_tokens_total{model,tenant}`.
+    pub prompt_tokens: IntCounterVec,
+    /// `modelfleet_cached_prompt_tokens_total{model,tenant}` (billing: prompt tokens served from cache).
+    pub cached_prompt_tokens: IntCounterVec,
+    /// `modelfleet_generation_tokens_total{model,tenant}`.
+    pub generation_tokens: IntCounterVec,
+    /// `modelfleet_requests_total{model,tenant,finish_reason}`.
+    pub requests: IntCounterVec,
+    /// `modelfleet_requests_rejected_total{model,tenant,reason}`.
+    pub requests_rejected: IntCounterVec,
+    vllm_waiting: IntGaugeVec,
+    vllm_running: IntGaugeVec,
+    vllm_kv_usage: GaugeVec,
+}
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn fgauge(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    GaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn histogram(name: &str, help: &str, buckets: &[f64]) -> HistogramVec {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        &["model", "tenant"],
+    )
+    .expect("valid metric")
+}
+
+impl Default for RuntimeMetrics {
+    fn default() -> Self {
+        let mt = &["model", "tenant"];
+        let m = RuntimeMetrics {
+            registry: Registry::new(),
+            requests_waiting: gauge(
+                "modelfleet_requests_waiting",
+                "Requests waiting to be scheduled",
+                &["model"],
+            ),
+            requests_running: gauge(
+                "modelfleet_requests_running",
+                "Requests being generated",
+                &["model"],
+            ),
+            kv_cache_usage_ratio: fgauge(
+                "modelfleet_kv_cache_usage_ratio",
+                "KV blocks referenced by live requests / total blocks (evictable cached blocks excluded)",
+                &["model"],
+            ),
+            kv_cache_cached_blocks: gauge(
+                "modelfleet_kv_cache_cached_blocks",
+                "Evictable KV blocks holding a cached prefix",
+                &["model"],
+            ),
+            prefix_cache_queries: counter(
+                "modelfleet_prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache",
+                mt,
+            ),
+            prefix_cache_hits: counter(
+                "modelfleet_prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache",
+                mt,
+            ),
+            time_to_first_token: histogram(
+                "modelfleet_time_to_first_token_seconds",
+                "Time from arrival to the first generated token",
+                LATENCY_BUCKETS,
+            ),
+            inter_token_latency: histogram(
+                "modelfleet_inter_token_latency_seconds",
+                "Time between consecutive generated tokens",
+                ITL_BUCKETS,
+            ),
+            request_latency: histogram(
+                "modelfleet_request_latency_seconds",
+                "Time from arrival to the last token",
+                LATENCY_BUCKETS,
+            ),
+            queue_time: histogram(
+                "modelfleet_queue_time_seconds",
+                "Time spent waiting before the first step",
+                LATENCY_BUCKETS,
+            ),
+            prompt_tokens: counter("modelfleet_prompt_tokens_total", "Prompt tokens processed", mt),
+            cached_prompt_tokens: counter(
+                "modelfleet_cached_prompt_tokens_total",
+                "Prompt tokens served from the prefix cache",
+                mt,
+            ),
+            generation_tokens: counter("modelfleet_generation_tokens_total", "Tokens generated", mt),
+            requests: counter(
+                "modelfleet_requests_total",
+                "Finished requests by finish reason",
+                &["model", "tenant", "finish_reason"],
+            ),
+            requests_rejected: counter(
+                "modelfleet_requests_rejected_total",
+                "Requests refused before generation, by reason",
+                &["model", "tenant", "reason"],
+            ),
+            vllm_waiting: gauge(
+                "vllm:num_requests_waiting",
+                "Alias of modelfleet_requests_waiting",
+                &["model_name"],
+            ),
+            vllm_running: gauge(
+                "vllm:num_requests_running",
+                "Alias of modelfleet_requests_running",
+                &["model_name"],
+            ),
+            vllm_kv_usage: fgauge(
+                "vllm:kv_cache_usage_perc",
+                "Alias of modelfleet_kv_cache_usage_ratio (0-1)",
+                &["model_name"],
+            ),
+        };
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(m.requests_waiting.clone()),
+            Box::new(m.requests_running.clone()),
+            Box::new(m.kv_cache_usage_ratio.clone()),
+            Box::new(m.kv_cache_cached_blocks.clone()),
+            Box::new(m.prefix_cache_queries.clone()),
+            Box::new(m.prefix_cache_hits.clone()),
+            Box::new(m.time_to_first_token.clone()),
+            Box::new(m.inter_token_latency.clone()),
+            Box::new(m.request_latency.clone()),
+            Box::new(m.queue_time.clone()),
+            Box::new(m.prompt_tokens.clone()),
+            Box::new(m.cached_prompt_tokens.clone()),
+            Box::new(m.generation_tokens.clone()),
+            Box::new(m.requests.clone()),
+            Box::new(m.requests_rejected.clone()),
+            Box::new(m.vllm_waiting.clone()),
+            Box::new(m.vllm_running.clone()),
+            Box::new(m.vllm_kv_usage.clone()),
+        ];
+        for c in collectors {
+            m.registry.register(c).expect("unique metric names");
+        }
+        m
+    }
+}
+
+/// The engine's state after a step, as the gauges show it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineGauges {
+    /// Requests waiting.
+    pub waiting: i64,
+    /// Requests running.
+    pub running: i64,
+    /// Live-referenced KV blocks.
+    pub blocks_in_use: u64,
+    /// Evictable blocks holding cached prefixes.
+    pub blocks_cached: u64,
+    /// All KV blocks.
+    pub blocks_total: u64,
+}
+
+impl RuntimeMetrics {
+    /// Sets the gauges (and their vLLM aliases) for `model` from one step's figures.
+    pub fn set_engine(&self, model: &str, g: EngineGauges) {
+        let usage = if g.blocks_total == 0 {
+            0.0
+        } else {
+            g.blocks_in_use as f64 / g.blocks_total as f64
+        };
+        self.requests_waiting.with_label_values(&[model]).set(g.waiting);
+        self.requests_running.with_label_values(&[model]).set(g.running);
+        self.kv_cache_usage_ratio.with_label_values(&[model]).set(usage);
+        self.kv_cache_cached_blocks
+            .with_label_values(&[model])
+            .set(g.blocks_cached as i64);
+        self.vllm_waiting.with_label_values(&[model]).set(g.waiting);
+        self.vllm_running.with_label_values(&[model]).set(g.running);
+        self.vllm_kv_usage.with_label_values(&[model]).set(usage);
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
+        String::from_utf8(buf).expect("the text format is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    #[test]
+    fn gauges_and_aliases_agree() {
+        let m = RuntimeMetrics::default();
+        m.set_engine(
+            "tiny",
+            EngineGauges {
+                waiting: 3,
+                running: 5,
+                blocks_in_use: 25,
+                blocks_cached: 7,
+                blocks_total: 100,
+            },
+        );
+        let text = m.render();
+        assert_eq!(
+            sample(&text, "modelfleet_requests_waiting{model=\"tiny\"}"),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&text, "vllm:num_requests_waiting{model_name=\"tiny\"}"),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&text, "modelfleet_requests_running{model=\"tiny\"}"),
+            Some(5.0)
+        );
+        assert_eq!(
+            sample(&text, "vllm:num_requests_running{model_name=\"tiny\"}"),
+            Some(5.0)
+        );
+        assert_eq!(
+            sample(&text, "modelfleet_kv_cache_usage_ratio{model=\"tiny\"}"),
+            Some(0.25)
+        );
+        assert_eq!(
+            sample(&text, "vllm:kv_cache_usage_perc{model_name=\"tiny\"}"),
+            Some(0.25)
+        );
+        assert_eq!(
+            sample(&text, "modelfleet_kv_cache_cached_blocks{model=\"tiny\"}"),
+            Some(7.0)
+        );
+    }
+
+    #[test]
+    fn every_design_metric_is_exported() {
+        let m = RuntimeMetrics::default();
+        let l = &["tiny", "team-a"];
+        m.set_engine("tiny", EngineGauges::default());
+        m.prefix_cache_queries.with_label_values(l).inc_by(32);
+        m.prefix_cache_hits.with_label_values(l).inc_by(16);
+        m.time_to_first_token.with_label_values(l).observe(0.2);
+        m.inter_token_latency.with_label_values(l).observe(0.02);
+        m.request_latency.with_label_values(l).observe(1.5);
+        m.queue_time.with_label_values(l).observe(0.01);
+        m.prompt_tokens.with_label_values(l).inc_by(100);
+        m.cached_prompt_tokens.with_label_values(l).inc_by(16);
+        m.generation_tokens.with_label_values(l).inc_by(20);
+        m.requests.with_label_values(&["tiny", "team-a", "stop"]).inc();
+        m.requests_rejected
+            .with_label_values(&["tiny", "team-a", "queue_full"])
+            .inc();
+        let text = m.render();
+        for name in [
+            "modelfleet_requests_waiting",
+            "modelfleet_requests_running",
+            "modelfleet_kv_cache_usage_ratio",
+            "modelfleet_kv_cache_cached_blocks",
+            "modelfleet_prefix_cache_queries_total",
+            "modelfleet_prefix_cache_hits_total",
+            "modelfleet_time_to_first_token_seconds_bucket",
+            "modelfleet_inter_token_latency_seconds_bucket",
+            "modelfleet_request_latency_seconds_bucket",
+            "modelfleet_queue_time_seconds_bucket",
+            "modelfleet_prompt_tokens_total",
+            "modelfleet_generation_tokens_total",
+            "modelfleet_requests_total",
+            "modelfleet_requests_rejected_total",
+            "vllm:num_requests_waiting",
+            "vllm:num_requests_running",
+            "vllm:kv_cache_usage_perc",
+        ] {
+            assert!(text.contains(&format!("\n{name}{{")), "{name} missing");
+        }
+        assert!(text.contains(
+            "modelfleet_requests_total{finish_reason=\"stop\",model=\"tiny\",tenant=\"team-a\"} 1"
+        ));
+        assert!(text.contains("le=\"640\""), "TTFT buckets reach minutes");
+    }
+}
