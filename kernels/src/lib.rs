@@ -1,6 +1,91 @@
-//! Compute kernels for the runtime engine: portable CPU versions (the default, tested everywhere) and
-//! CUDA versions (`.cu` sources compiled at run time through NVRTC with `cudarc`, behind a `cuda`
-//! feature) that must agree with the CPU versions.
+//! Compute kernels for the runtime engine behind one small trait, [`Kernels`], so the portable CPU
+//! backend ([`cpu::CpuKernels`], the default, tested everywhere) and a CUDA backend (a later issue:
+//! `.cu` sources compiled at run time through NVRTC with `cudarc`, behind a `cuda` feature) are
+//! interchangeable under the engine's forward pass.
 //!
-//! Empty until the engine issue (Engine I) lands its forward pass; the crate exists so the workspace has
-//! the layout of `DESIGN.md` and the dependency direction engine → kernels is fixed from the start.
+//! Tour:
+//! - [`weight`]: weights in their stored dtype (f32/f16/bf16), zero-copy over memory-mapped files.
+//! - [`layout`]: the paged KV-cache layout and the ragged-batch description attention reads.
+//! - [`cpu`]: the CPU backend — a batch-invariant blocked matmul, paged attention with an online
+//!   softmax, RMSNorm, RoPE, SwiGLU, all multi-threaded with rayon.
+//!
+//! Architecture invariants:
+//! - Activations are f32; weights stay in their stored dtype and are widened as they are read.
+//! - Batch invariance: every reduction for one output element runs in an order fixed by that element's
+//!   own inputs, never by the batch size or thread count, so a sequence's logits are bit-identical
+//!   alone or in any batch.
+//! - The kernels do no I/O and own no model logic; the engine composes them.
+
+pub mod cpu;
+pub mod layout;
+pub mod quant;
+pub mod weight;
+
+pub use layout::{AttnHeads, AttnSeq, KvLayout, Rope};
+pub use quant::QuantKind;
+pub use weight::{ByteSource, DType, HostWeight, WeightData, WeightError};
+
+/// The operations a Llama-family forward pass needs, on backend-owned buffers.
+///
+/// Buffers are f32 and sized by the caller; shapes are passed explicitly (row-major `rows × width`).
+/// Indices and metadata (`ids`, `positions`, block tables) are host slices: a device backend copies them
+/// per call. Implementations must be batch-invariant (see the crate header).
+pub trait Kernels: Send + Sync {
+    /// An f32 activation or cache buffer.
+    type Buf: Send + Sync;
+    /// A weight resident where the kernels run.
+    type Weight: Send + Sync;
+
+    /// A short description, e.g. `"cpu avx2 x2 threads"`.
+    fn describe(&self) -> String;
+    /// Runs `f` with the backend's execution resources (the CPU backend's thread pool).
+    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R;
+    /// Makes a host weight available to the kernels.
+    fn upload(&self, w: &HostWeight) -> Self::Weight;
+    /// A zeroed buffer of `len` elements.
+    fn alloc(&self, len: usize) -> Self::Buf;
+    /// Copies the first `dst.len()` elements of `src` to the host.
+    fn read(&self, src: &Self::Buf, dst: &mut [f32]);
+    /// `out[r] = table[ids[r]]` (rows of the embedding matrix, widened to f32).
+    fn embedding(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf);
+    /// `out = x · wᵀ + bias`, `x` being `rows × w.cols`, `out` `rows × w.rows`.
+    fn matmul(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        out: &mut Self::Buf,
+    );
+    /// Row-wise RMSNorm of `x` (`rows × weight.len`) scaled by `weight`, into `out`.
+    fn rms_norm(&self, x: &Self::Buf, rows: usize, weight: &Self::Weight, eps: f32, out: &mut Self::Buf);
+    /// `x[..len] += y[..len]`.
+    fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+    /// `out = silu(gate) * up` over `len` elements (SwiGLU).
+    fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize);
+    /// Rotary embedding in place on `rows × num_heads × head_dim`, row `r` at `positions[r]`.
+    fn rope(&self, x: &mut Self::Buf, num_heads: usize, head_dim: usize, positions: &[u32], rope: Rope<'_>);
+    /// Stores row `r` of `k`/`v` (`rows × num_kv_heads × head_dim`) at slot id `slots[r]`.
+    fn write_kv(
+        &self,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        slots: &[u32],
+        layout: &KvLayout,
+        k_cache: &mut Self::Buf,
+        v_cache: &mut Self::Buf,
+    );
+    /// Causal attention of the new rows of every sequence over that sequence's cached keys and values
+    /// (which already include the new rows), read straight from the paged blocks.
+    fn paged_attention(
+        &self,
+        q: &Self::Buf,
+        seqs: &[AttnSeq<'_>],
+        heads: AttnHeads,
+        layout: &KvLayout,
+        caches: (&Self::Buf, &Self::Buf),
+        out: &mut Self::Buf,
+    );
+    /// `out[i] = x[rows[i]]` for rows of `width` elements.
+    fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf);
+}

@@ -1,0 +1,218 @@
+//! Paged causal attention on the CPU: each (row, query head) walks its sequence's blocks in position
+//! order with an online (running-max) softmax, never materialising the attention matrix.
+//!
+//! Invariants: the query at position `p` attends to positions `0..=p` of its own sequence only; the
+//! walk is in position order in chunks of at most [`CHUNK`] positions that never straddle a block, so
+//! the arithmetic for one (row, head) depends only on that row's query and the cached K/V — not on the
+//! batch, the other rows of a prefill chunk, or thread scheduling. A token's output is therefore the same
+//! whether it was computed in a prefill chunk or as a decode step.
+//!
+//! Design: the CPU analogue of FlashAttention's / vLLM PagedAttention's inner loop (Dao et al. 2022;
+//! Kwon et al. 2023): scores for a chunk, rescale the running sum and accumulator by `exp(m_old -
+//! m_new)`, accumulate `exp(s - m_new) · v`.
+
+use super::simd::{self, Isa, Portable, Simd};
+use crate::layout::{AttnHeads, AttnSeq, KvLayout};
+use rayon::prelude::*;
+
+/// Positions scored at a time (one online-softmax update).
+const CHUNK: usize = 32;
+
+/// What one (row, head) task needs.
+struct Task<'a> {
+    q: &'a [f32],
+    block_table: &'a [u32],
+    pos: usize,
+    kv_head: usize,
+    layout: &'a KvLayout,
+    k_cache: &'a [f32],
+    v_cache: &'a [f32],
+    scale: f32,
+}
+
+/// Runs attention for every new row of every sequence; `q` and `out` are `rows × num_heads × head_dim`.
+pub(crate) fn paged_attention(
+    isa: Isa,
+    q: &[f32],
+    seqs: &[AttnSeq<'_>],
+    heads: AttnHeads,
+    layout: &KvLayout,
+    (k_cache, v_cache): (&[f32], &[f32]),
+    out: &mut [f32],
+) {
+    let hd = heads.head_dim;
+    assert_eq!(hd, layout.head_dim, "head_dim of the cache");
+    assert_eq!(heads.num_kv_heads, layout.num_kv_heads, "kv heads of the cache");
+    let group = heads.num_heads / heads.num_kv_heads;
+    // Row -> (sequence, position).
+    let rows: usize = seqs.iter().map(|s| s.row_start + s.num_rows).max().unwrap_or(0);
+    let mut row_seq = vec![(usize::MAX, 0usize); rows];
+    for (i, s) in seqs.iter().enumerate() {
+        assert!(
+            s.block_table.len() * layout.block_size >= s.first_pos + s.num_rows,
+            "block table too short"
+        );
+        for j in 0..s.num_rows {
+            row_seq[s.row_start + j] = (i, s.first_pos + j);
+        }
+    }
+    let width = heads.num_heads * hd;
+    out[..rows * width]
+        .par_chunks_mut(hd)
+        .enumerate()
+        .for_each(|(idx, acc)| {
+            let (row, head) = (idx / heads.num_heads, idx % heads.num_heads);
+            let (seq, pos) = row_seq[row];
+            if seq == usize::MAX {
+                acc.fill(0.0);
+                return;
+            }
+            let task = Task {
+                q: &q[row * width + head * hd..row * width + (head + 1) * hd],
+                block_table: seqs[seq].block_table,
+                pos,
+                kv_head: head / group,
+                layout,
+                k_cache,
+                v_cache,
+                scale: heads.scale,
+            };
+            // SAFETY: the ISA was detected on this CPU; slices are bounds-checked inside.
+            unsafe { run(isa, &task, acc) }
+        });
+}
+
+unsafe fn run(isa: Isa, task: &Task<'_>, acc: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { run_avx2(task, acc) },
+        _ => unsafe { one_head::<Portable>(task, acc) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_avx2(task: &Task<'_>, acc: &mut [f32]) {
+    unsafe { one_head::<simd::Avx2>(task, acc) }
+}
+
+#[inline(always)]
+unsafe fn one_head<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
+    let hd = t.layout.head_dim;
+    let bs = t.layout.block_size;
+    acc.fill(0.0);
+    let mut m = f32::NEG_INFINITY;
+    let mut l = 0.0f32;
+    let mut scores = [0.0f32; CHUNK];
+    let n_ctx = t.pos + 1;
+    let mut start = 0;
+    while start < n_ctx {
+        let block = t.block_table[start / bs] as usize;
+        let slot0 = start % bs;
+        let len = (n_ctx - start).min(bs - slot0).min(CHUNK);
+        let base = t.layout.offset(block, t.kv_head, slot0);
+        let mut cmax = f32::NEG_INFINITY;
+        for (i, s) in scores[..len].iter_mut().enumerate() {
+            let k = &t.k_cache[base + i * hd..base + (i + 1) * hd];
+            *s = unsafe { simd::dot::<S>(t.q, k) } * t.scale;
+            cmax = cmax.max(*s);
+        }
+        let m_new = m.max(cmax);
+        let corr = (m - m_new).exp();
+        l *= corr;
+        unsafe { simd::scale::<S>(corr, acc) };
+        for (i, s) in scores[..len].iter().enumerate() {
+            let p = (s - m_new).exp();
+            l += p;
+            let v = &t.v_cache[base + i * hd..base + (i + 1) * hd];
+            unsafe { simd::axpy::<S>(p, v, acc) };
+        }
+        m = m_new;
+        start += len;
+    }
+    unsafe { simd::scale::<S>(1.0 / l, acc) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Dense reference: full softmax over positions 0..=pos, in f64.
+    fn reference(q: &[f32], keys: &[Vec<f32>], vals: &[Vec<f32>], scale: f32) -> Vec<f32> {
+        let s: Vec<f64> = keys
+            .iter()
+            .map(|k| q.iter().zip(k).map(|(a, b)| (a * b) as f64).sum::<f64>() * scale as f64)
+            .collect();
+        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+        let z: f64 = e.iter().sum();
+        (0..q.len())
+            .map(|d| (e.iter().zip(vals).map(|(p, v)| p * v[d] as f64).sum::<f64>() / z) as f32)
+            .collect()
+    }
+
+    #[test]
+    fn matches_dense_softmax_attention_with_gqa_and_scattered_blocks() {
+        let layout = KvLayout {
+            num_blocks: 8,
+            block_size: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        let heads = AttnHeads {
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            scale: 0.35,
+        };
+        let table = [5u32, 1, 6]; // 10 tokens over three scattered blocks
+        let n = 10;
+        let (kv, qs) = (lcg(7, n * 2 * 8 * 2), lcg(8, n * 4 * 8));
+        let mut kc = vec![0.0; layout.len()];
+        let mut vc = vec![0.0; layout.len()];
+        let key = |p: usize, h: usize| kv[(p * 2 + h) * 16..(p * 2 + h) * 16 + 8].to_vec();
+        let val = |p: usize, h: usize| kv[(p * 2 + h) * 16 + 8..(p * 2 + h) * 16 + 16].to_vec();
+        for p in 0..n {
+            for h in 0..2 {
+                let off = layout.offset(table[p / 4] as usize, h, p % 4);
+                kc[off..off + 8].copy_from_slice(&key(p, h));
+                vc[off..off + 8].copy_from_slice(&val(p, h));
+            }
+        }
+        // Rows 0..7 are a prefill chunk at positions 3..10 (positions 0..3 cached earlier).
+        let seqs = [AttnSeq {
+            row_start: 0,
+            num_rows: 7,
+            first_pos: 3,
+            block_table: &table,
+        }];
+        let mut out = vec![0.0; 7 * 32];
+        for isa in [Isa::Portable, Isa::detect()] {
+            paged_attention(isa, &qs[..7 * 32], &seqs, heads, &layout, (&kc, &vc), &mut out);
+            for r in 0..7 {
+                let pos = 3 + r;
+                for h in 0..4 {
+                    let q = &qs[r * 32 + h * 8..r * 32 + h * 8 + 8];
+                    let keys: Vec<_> = (0..=pos).map(|p| key(p, h / 2)).collect();
+                    let vals: Vec<_> = (0..=pos).map(|p| val(p, h / 2)).collect();
+                    let want = reference(q, &keys, &vals, 0.35);
+                    for (a, b) in out[r * 32 + h * 8..r * 32 + h * 8 + 8].iter().zip(&want) {
+                        assert!((a - b).abs() < 1e-5, "{isa:?} row {r} head {h}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+}

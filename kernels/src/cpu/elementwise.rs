@@ -1,0 +1,191 @@
+//! Row-wise and element-wise CPU kernels: embedding gather, RMSNorm, RoPE, SwiGLU, residual add,
+//! KV-cache writes, row gathers and a numerically stable softmax.
+//!
+//! Invariants: every row is computed independently with a sequential, fixed-order reduction, so results
+//! do not depend on the batch; rows are spread over threads with rayon only when the work is large.
+//! Formulas follow Hugging Face `transformers`' Llama: RMSNorm `x / sqrt(mean(x²) + eps) · w` in f32,
+//! RoPE in the rotate-half layout (pairs `(i, i + d/2)`) with angle `pos · inv_freq[i]` in f32.
+
+use crate::layout::{KvLayout, Rope};
+use crate::weight::WeightData;
+use rayon::prelude::*;
+
+/// Rows per rayon task for row-wise kernels; below this a single thread is faster.
+const MIN_ROWS_PER_TASK: usize = 8;
+
+/// `out[r] = table[ids[r]]`.
+pub(crate) fn embedding(table: WeightData<'_>, dim: usize, ids: &[u32], out: &mut [f32]) {
+    for (r, &id) in ids.iter().enumerate() {
+        table.copy_to_f32(id as usize * dim, &mut out[r * dim..(r + 1) * dim]);
+    }
+}
+
+/// Row-wise RMSNorm.
+pub(crate) fn rms_norm(x: &[f32], w: WeightData<'_>, eps: f32, out: &mut [f32], rows: usize) {
+    let dim = w.len();
+    let mut wf = vec![0.0f32; dim];
+    w.copy_to_f32(0, &mut wf);
+    out[..rows * dim]
+        .par_chunks_mut(dim)
+        .with_min_len(MIN_ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(r, o)| {
+            let xr = &x[r * dim..(r + 1) * dim];
+            let ss = xr.iter().fold(0.0f32, |a, v| a + v * v);
+            let inv = 1.0 / (ss / dim as f32 + eps).sqrt();
+            for ((o, v), g) in o.iter_mut().zip(xr).zip(&wf) {
+                *o = g * (v * inv);
+            }
+        });
+}
+
+/// Rotary embedding in place, rotate-half or interleaved pairs.
+pub(crate) fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: &[u32], rope: Rope<'_>) {
+    let Rope {
+        inv_freq,
+        interleaved,
+    } = rope;
+    let half = head_dim / 2;
+    // Element indices of pair `i`.
+    let pair = |i: usize| {
+        if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + half)
+        }
+    };
+    assert_eq!(inv_freq.len(), half, "inv_freq length");
+    let width = num_heads * head_dim;
+    x[..positions.len() * width]
+        .par_chunks_mut(width)
+        .with_min_len(MIN_ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(r, row)| {
+            let pos = positions[r] as f32;
+            let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
+                .iter()
+                .map(|f| {
+                    let a = pos * f;
+                    (a.cos(), a.sin())
+                })
+                .unzip();
+            for h in row.chunks_mut(head_dim) {
+                for i in 0..half {
+                    let (a, b) = pair(i);
+                    let (x0, x1) = (h[a], h[b]);
+                    h[a] = x0 * cos[i] - x1 * sin[i];
+                    h[b] = x1 * cos[i] + x0 * sin[i];
+                }
+            }
+        });
+}
+
+/// `out = silu(gate) · up`.
+pub(crate) fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    out.par_chunks_mut(4096).enumerate().for_each(|(c, o)| {
+        let base = c * 4096;
+        for (i, o) in o.iter_mut().enumerate() {
+            let g = gate[base + i];
+            *o = g / (1.0 + (-g).exp()) * up[base + i];
+        }
+    });
+}
+
+/// Stores new keys and values at their slots.
+pub(crate) fn write_kv(
+    k: &[f32],
+    v: &[f32],
+    slots: &[u32],
+    layout: &KvLayout,
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+) {
+    let hd = layout.head_dim;
+    let width = layout.num_kv_heads * hd;
+    for (r, &slot) in slots.iter().enumerate() {
+        let (block, s) = (
+            slot as usize / layout.block_size,
+            slot as usize % layout.block_size,
+        );
+        assert!(block < layout.num_blocks, "slot {slot} outside the KV cache");
+        for h in 0..layout.num_kv_heads {
+            let off = layout.offset(block, h, s);
+            let src = r * width + h * hd;
+            k_cache[off..off + hd].copy_from_slice(&k[src..src + hd]);
+            v_cache[off..off + hd].copy_from_slice(&v[src..src + hd]);
+        }
+    }
+}
+
+/// Softmax of `x` in place (max-subtracted; `-inf` entries become 0). Returns the log of the
+/// normaliser relative to the max, so `log p_i = x_i - max - returned`.
+pub fn softmax_in_place(x: &mut [f32]) -> f32 {
+    let mx = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    if mx == f32::NEG_INFINITY {
+        return f32::NAN;
+    }
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - mx).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+    sum.ln() as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weight::HostWeight;
+
+    #[test]
+    fn rms_norm_matches_formula() {
+        let w = HostWeight::from_f32(&[1.0, 2.0], 1, 2).unwrap();
+        let mut out = [0.0; 2];
+        rms_norm(&[3.0, 4.0], w.data(), 0.0, &mut out, 1);
+        let inv = 1.0 / (12.5f32).sqrt();
+        assert_eq!(out, [3.0 * inv, 2.0 * (4.0 * inv)]);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_and_preserves_norm() {
+        let freqs = [std::f32::consts::FRAC_PI_2, 0.0];
+        let mut x = vec![1.0, 0.0, 0.0, 1.0];
+        rope(
+            &mut x,
+            1,
+            4,
+            &[1],
+            Rope {
+                inv_freq: &freqs,
+                interleaved: false,
+            },
+        );
+        // pair (0, 2) rotated by 90°, pair (1, 3) by 0.
+        assert!((x[0] - 0.0).abs() < 1e-6 && (x[2] - 1.0).abs() < 1e-6);
+        assert_eq!((x[1], x[3]), (0.0, 1.0));
+        let mut y = vec![1.0, 0.0, 0.0, 1.0];
+        rope(
+            &mut y,
+            1,
+            4,
+            &[1],
+            Rope {
+                inv_freq: &freqs,
+                interleaved: true,
+            },
+        );
+        // pair (0, 1) rotated by 90°, pair (2, 3) by 0.
+        assert!((y[0] - 0.0).abs() < 1e-6 && (y[1] - 1.0).abs() < 1e-6);
+        assert_eq!((y[2], y[3]), (0.0, 1.0));
+    }
+
+    #[test]
+    fn softmax_handles_masked_entries() {
+        let mut x = [0.0, f32::NEG_INFINITY, 0.0];
+        let lz = softmax_in_place(&mut x);
+        assert_eq!(x, [0.5, 0.0, 0.5]);
+        assert!((lz - 2f32.ln()).abs() < 1e-6);
+    }
+}

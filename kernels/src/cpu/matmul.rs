@@ -1,0 +1,406 @@
+//! `out = x · Wᵀ (+ bias)`: every weight applied to the whole batch in one matrix-matrix product,
+//! multi-threaded over blocks of output columns, reading f32/f16/bf16 weights in place.
+//!
+//! Invariants: each output element is one dot product over the full `k` in the fixed order of
+//! [`super::simd`] — register tiles of 4×2, 1×4 and 1×1 outputs all perform the identical per-element
+//! operation sequence, and the split into column blocks only decides which thread computes an element,
+//! never how. So a row's outputs are bit-identical whatever the batch size or thread count (tested
+//! below). That is why this is our own kernel rather than a library GEMM: `gemm`/BLAS pick blocking and
+//! k-splitting by problem size, which changes a row's rounding with the batch.
+//!
+//! Design: dot-product (rather than outer-product) micro-kernels as in llama.cpp's `ggml_vec_dot`, with
+//! register tiles over several rows so prefill reuses each loaded weight vector 4 times; column blocks
+//! sized so one block of weights stays in L2 while all row tiles stream past it.
+
+use super::dequant::{dequantize, dot_rows, fused};
+use super::simd::{Elem, Isa, Portable, Simd};
+use crate::quant::QuantKind;
+use crate::weight::WeightData;
+use rayon::prelude::*;
+
+/// Raw output pointer shared by the column-block tasks; each task writes a disjoint set of columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (distinct columns) and the borrow of `out` outlives the scope.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// The shape of one product: `x` is `rows × k` row-major, the weight `n × k`, `out` `rows × n`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MatmulShape {
+    pub rows: usize,
+    pub k: usize,
+    pub n: usize,
+}
+
+/// Computes `out[r, j] = Σ_i x[r, i] · w[j, i] + bias[j]`.
+pub(crate) fn matmul(
+    isa: Isa,
+    x: &[f32],
+    w: WeightData<'_>,
+    bias: Option<WeightData<'_>>,
+    shape: MatmulShape,
+    out: &mut [f32],
+) {
+    let MatmulShape { rows, k, n } = shape;
+    assert!(
+        x.len() >= rows * k && out.len() >= rows * n && w.len() == n * k,
+        "matmul shape mismatch"
+    );
+    if let Some(b) = bias {
+        assert_eq!(b.len(), n, "bias length");
+    }
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let row_bytes = match w {
+        WeightData::F32(_) => 4 * k,
+        WeightData::F16(_) | WeightData::BF16(_) => 2 * k,
+        WeightData::Quant(q, _) => k / q.block_elems() * q.block_bytes(),
+    };
+    let threads = rayon::current_num_threads().max(1);
+    let by_cache = (256 * 1024 / row_bytes.max(1)).clamp(4, 256);
+    let by_threads = n.div_ceil(4 * threads).max(4);
+    let block = by_cache.min(by_threads).div_ceil(4) * 4;
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
+        let cols = (b * block, ((b + 1) * block).min(n));
+        let job = Job {
+            x,
+            rows,
+            k,
+            n,
+            cols,
+            bias,
+            out: out_ptr,
+        };
+        // SAFETY: shapes were checked above; columns `cols` are written by this task only.
+        unsafe { run_block(isa, &job, w) }
+    });
+}
+
+/// One task: all rows for the columns `cols.0..cols.1`.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    x: &'a [f32],
+    rows: usize,
+    k: usize,
+    n: usize,
+    cols: (usize, usize),
+    bias: Option<WeightData<'a>>,
+    out: OutPtr,
+}
+
+unsafe fn run_block(isa: Isa, job: &Job<'_>, w: WeightData<'_>) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { run_block_avx2(job, w) },
+        _ => unsafe { run_block_generic::<Portable>(job, w, Isa::Portable) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_block_avx2(job: &Job<'_>, w: WeightData<'_>) {
+    unsafe { run_block_generic::<super::simd::Avx2>(job, w, Isa::Avx2) }
+}
+
+#[inline(always)]
+unsafe fn run_block_generic<S: Simd>(job: &Job<'_>, w: WeightData<'_>, isa: Isa) {
+    unsafe {
+        match w {
+            WeightData::F32(d) => block::<S, f32>(job, d),
+            WeightData::F16(d) => block::<S, half::f16>(job, d),
+            WeightData::BF16(d) => block::<S, half::bf16>(job, d),
+            WeightData::Quant(q, b) => block_quant::<S>(job, q, b, isa),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn block<S: Simd, W: Elem>(job: &Job<'_>, w: &[W]) {
+    let (c0, c1) = job.cols;
+    let k = job.k;
+    let xp = |r: usize| unsafe { job.x.as_ptr().add(r * k) };
+    let wp = |c: usize| unsafe { w.as_ptr().add(c * k) };
+    let bias = |c: usize| job.bias.map_or(0.0, |b| b.get(c));
+    let put = |r: usize, c: usize, v: f32| unsafe { *job.out.0.add(r * job.n + c) = v + bias(c) };
+    let mut r = 0;
+    unsafe {
+        while r + 4 <= job.rows {
+            let xs = [xp(r), xp(r + 1), xp(r + 2), xp(r + 3)];
+            let mut c = c0;
+            while c + 2 <= c1 {
+                let t = tile::<S, W, 4, 2>(xs, [wp(c), wp(c + 1)], k);
+                for (i, row) in t.iter().enumerate() {
+                    put(r + i, c, row[0]);
+                    put(r + i, c + 1, row[1]);
+                }
+                c += 2;
+            }
+            if c < c1 {
+                let t = tile::<S, W, 4, 1>(xs, [wp(c)], k);
+                for (i, row) in t.iter().enumerate() {
+                    put(r + i, c, row[0]);
+                }
+            }
+            r += 4;
+        }
+        while r < job.rows {
+            let xs = [xp(r)];
+            let mut c = c0;
+            while c + 4 <= c1 {
+                let t = tile::<S, W, 1, 4>(xs, [wp(c), wp(c + 1), wp(c + 2), wp(c + 3)], k);
+                for (j, v) in t[0].iter().enumerate() {
+                    put(r, c + j, *v);
+                }
+                c += 4;
+            }
+            while c < c1 {
+                put(r, c, tile::<S, W, 1, 1>(xs, [wp(c)], k)[0][0]);
+                c += 1;
+            }
+            r += 1;
+        }
+    }
+}
+
+/// Quantized weights: each group of up to 4 columns is dequantized once into an f32 scratch row, then
+/// every row of `x` runs the f32 tiles against it. Each output is still one full-length dot product in
+/// the fixed chunk order, so batch invariance holds here too.
+#[inline(always)]
+unsafe fn block_quant<S: Simd>(job: &Job<'_>, q: QuantKind, w: &[u8], isa: Isa) {
+    let (c0, c1) = job.cols;
+    let k = job.k;
+    let row_bytes = k / q.block_elems() * q.block_bytes();
+    if job.rows < 4 && fused(isa, q) {
+        // Decode-sized batches: dequantize in registers, no scratch row.
+        let xs: Vec<&[f32]> = (0..job.rows).map(|r| &job.x[r * k..(r + 1) * k]).collect();
+        let mut dots = [0.0f32; 3];
+        for c in c0..c1 {
+            dot_rows(q, &w[c * row_bytes..(c + 1) * row_bytes], &xs, &mut dots);
+            for (r, d) in dots[..job.rows].iter().enumerate() {
+                let b = job.bias.map_or(0.0, |b| b.get(c));
+                // SAFETY: column `c` belongs to this task.
+                unsafe { *job.out.0.add(r * job.n + c) = d + b };
+            }
+        }
+        return;
+    }
+    let mut scratch = vec![0.0f32; 4 * k];
+    let mut c = c0;
+    while c < c1 {
+        let group = (c1 - c).min(4);
+        for g in 0..group {
+            let src = &w[(c + g) * row_bytes..(c + g + 1) * row_bytes];
+            dequantize(isa, q, src, &mut scratch[g * k..(g + 1) * k]);
+        }
+        let sub = Job {
+            cols: (0, group),
+            n: job.n,
+            out: OutPtr(unsafe { job.out.0.add(c) }),
+            bias: None,
+            ..*job
+        };
+        unsafe { block::<S, f32>(&sub, &scratch[..group * k]) };
+        if let Some(b) = job.bias {
+            for r in 0..job.rows {
+                for g in 0..group {
+                    unsafe { *job.out.0.add(r * job.n + c + g) += b.get(c + g) };
+                }
+            }
+        }
+        c += group;
+    }
+}
+
+/// The `R × C` register tile: `R` rows of `x` against `C` weight rows, each a full-length dot product.
+#[inline(always)]
+unsafe fn tile<S: Simd, W: Elem, const R: usize, const C: usize>(
+    x: [*const f32; R],
+    w: [*const W; C],
+    k: usize,
+) -> [[f32; C]; R] {
+    let k8 = k / 8 * 8;
+    unsafe {
+        let mut acc = [[S::zero(); C]; R];
+        let mut i = 0;
+        while i < k8 {
+            // A loop, not `array::from_fn`: closures do not inherit `#[target_feature]`.
+            let mut xv = [S::zero(); R];
+            for r in 0..R {
+                xv[r] = S::load(x[r].add(i));
+            }
+            for c in 0..C {
+                let wv = W::load::<S>(w[c].add(i));
+                for r in 0..R {
+                    acc[r][c] = S::mul_add(xv[r], wv, acc[r][c]);
+                }
+            }
+            i += 8;
+        }
+        let mut out = [[0.0f32; C]; R];
+        for r in 0..R {
+            for c in 0..C {
+                let mut tail = 0.0f32;
+                for j in k8..k {
+                    tail = S::scalar_mul_add(*x[r].add(j), (*w[c].add(j)).to_f32(), tail);
+                }
+                out[r][c] = S::hsum(acc[r][c]) + tail;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weight::{DType, HostWeight};
+
+    fn lcg(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    fn naive(x: &[f32], w: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut out = vec![0.0; rows * n];
+        for r in 0..rows {
+            for j in 0..n {
+                out[r * n + j] = (0..k)
+                    .map(|i| x[r * k + i] as f64 * w[j * k + i] as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        if Isa::detect() != Isa::Portable {
+            v.push(Isa::detect());
+        }
+        v
+    }
+
+    #[test]
+    fn matches_naive_for_all_dtypes_and_odd_shapes() {
+        for isa in isas() {
+            for &(rows, k, n) in &[(1, 8, 4), (3, 13, 7), (5, 64, 9), (9, 37, 33), (4, 200, 130)] {
+                let x = lcg(1, rows * k);
+                let wv = lcg(2, n * k);
+                for dt in [DType::F32, DType::F16, DType::BF16] {
+                    let w = HostWeight::from_f32_as(&wv, n, k, dt).unwrap();
+                    let mut rounded = vec![0.0; n * k];
+                    w.data().copy_to_f32(0, &mut rounded);
+                    let mut out = vec![0.0; rows * n];
+                    matmul(isa, &x, w.data(), None, MatmulShape { rows, k, n }, &mut out);
+                    let want = naive(&x, &rounded, rows, k, n);
+                    for (a, b) in out.iter().zip(&want) {
+                        assert!((a - b).abs() < 1e-4, "{isa:?} {dt} {rows}x{k}x{n}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quantized_weights_match_naive_and_are_batch_invariant() {
+        use crate::quant::QuantKind;
+        let (k, n) = (96, 11);
+        let x = lcg(5, 9 * k);
+        let b = HostWeight::from_f32(&lcg(6, n), 1, n).unwrap();
+        for q in [QuantKind::Q8_0, QuantKind::Q4_0] {
+            let w = HostWeight::from_f32_as(&lcg(7, n * k), n, k, DType::Quant(q)).unwrap();
+            let mut deq = vec![0.0; n * k];
+            w.data().copy_to_f32(0, &mut deq);
+            for isa in isas() {
+                let mut out = vec![0.0; 9 * n];
+                matmul(
+                    isa,
+                    &x,
+                    w.data(),
+                    Some(b.data()),
+                    MatmulShape { rows: 9, k, n },
+                    &mut out,
+                );
+                let want = naive(&x, &deq, 9, k, n);
+                for (i, (a, w)) in out.iter().zip(&want).enumerate() {
+                    assert!((a - (w + b.data().get(i % n))).abs() < 1e-4, "{q:?} {isa:?}");
+                }
+                for r in 0..9 {
+                    let mut one = vec![0.0; n];
+                    let shape = MatmulShape { rows: 1, k, n };
+                    matmul(
+                        isa,
+                        &x[r * k..(r + 1) * k],
+                        w.data(),
+                        Some(b.data()),
+                        shape,
+                        &mut one,
+                    );
+                    assert_eq!(one, out[r * n..(r + 1) * n], "{q:?} {isa:?} row {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bias_is_added() {
+        let w = HostWeight::from_f32(&[1.0, 0.0, 0.0, 1.0], 2, 2).unwrap();
+        let b = HostWeight::from_f32(&[10.0, 20.0], 1, 2).unwrap();
+        let mut out = vec![0.0; 2];
+        let shape = MatmulShape { rows: 1, k: 2, n: 2 };
+        matmul(
+            Isa::detect(),
+            &[1.0, 2.0],
+            w.data(),
+            Some(b.data()),
+            shape,
+            &mut out,
+        );
+        assert_eq!(out, vec![11.0, 22.0]);
+    }
+
+    #[test]
+    fn rows_are_bit_identical_whatever_the_batch_and_threads() {
+        let (k, n) = (131, 75);
+        let xs = lcg(3, 11 * k);
+        let w = HostWeight::from_f32_as(&lcg(4, n * k), n, k, DType::F16).unwrap();
+        for isa in isas() {
+            let mut alone = vec![vec![0.0; n]; 11];
+            for (r, a) in alone.iter_mut().enumerate() {
+                matmul(
+                    isa,
+                    &xs[r * k..(r + 1) * k],
+                    w.data(),
+                    None,
+                    MatmulShape { rows: 1, k, n },
+                    a,
+                );
+            }
+            for rows in [2, 4, 5, 11] {
+                for threads in [1, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let mut out = vec![0.0; rows * n];
+                    pool.install(|| matmul(isa, &xs, w.data(), None, MatmulShape { rows, k, n }, &mut out));
+                    for r in 0..rows {
+                        let got: Vec<u32> = out[r * n..(r + 1) * n].iter().map(|v| v.to_bits()).collect();
+                        let want: Vec<u32> = alone[r].iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(got, want, "{isa:?} row {r} of {rows} with {threads} threads");
+                    }
+                }
+            }
+        }
+    }
+}

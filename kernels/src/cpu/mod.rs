@@ -1,0 +1,145 @@
+//! The CPU backend: [`CpuKernels`] implements [`crate::Kernels`] on `Vec<f32>` buffers with its own
+//! rayon thread pool (`--threads`: several pods may share a node, so the pool is never the global one).
+//!
+//! Invariants: the instruction set is chosen once at construction and never per call, so results are
+//! reproducible within a process; all kernels are batch-invariant (see [`simd`]).
+
+mod attention;
+mod dequant;
+mod elementwise;
+mod matmul;
+pub mod simd;
+
+pub use elementwise::softmax_in_place;
+pub use simd::Isa;
+
+use crate::Kernels;
+use crate::layout::{AttnHeads, AttnSeq, KvLayout, Rope};
+use crate::weight::HostWeight;
+use matmul::MatmulShape;
+
+/// The CPU kernels.
+pub struct CpuKernels {
+    /// Instruction set used by every kernel.
+    isa: Isa,
+    /// Compute threads; kernels split work over them inside [`Kernels::scope`].
+    pool: rayon::ThreadPool,
+}
+
+impl CpuKernels {
+    /// Kernels with `threads` compute threads (0 = one per core) and the best ISA of this CPU.
+    pub fn new(threads: usize) -> Self {
+        Self::with_isa(threads, Isa::detect())
+    }
+
+    /// Kernels forced to `isa` (tests compare the portable and SIMD paths).
+    pub fn with_isa(threads: usize, isa: Isa) -> Self {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("mf-compute-{i}"))
+            .build()
+            .unwrap_or_else(|_| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .build()
+                    .expect("a 1-thread pool")
+            });
+        Self { isa, pool }
+    }
+
+    /// The instruction set in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+}
+
+impl Kernels for CpuKernels {
+    type Buf = Vec<f32>;
+    type Weight = HostWeight;
+
+    fn describe(&self) -> String {
+        format!("cpu {:?} x{} threads", self.isa, self.pool.current_num_threads())
+    }
+
+    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    fn upload(&self, w: &HostWeight) -> HostWeight {
+        w.clone()
+    }
+
+    fn alloc(&self, len: usize) -> Vec<f32> {
+        vec![0.0; len]
+    }
+
+    fn read(&self, src: &Vec<f32>, dst: &mut [f32]) {
+        dst.copy_from_slice(&src[..dst.len()]);
+    }
+
+    fn embedding(&self, table: &HostWeight, ids: &[u32], out: &mut Vec<f32>) {
+        elementwise::embedding(table.data(), table.cols(), ids, out);
+    }
+
+    fn matmul(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: &HostWeight,
+        bias: Option<&HostWeight>,
+        out: &mut Vec<f32>,
+    ) {
+        let shape = MatmulShape {
+            rows,
+            k: w.cols(),
+            n: w.rows(),
+        };
+        matmul::matmul(self.isa, x, w.data(), bias.map(|b| b.data()), shape, out);
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, rows: usize, weight: &HostWeight, eps: f32, out: &mut Vec<f32>) {
+        elementwise::rms_norm(x, weight.data(), eps, out, rows);
+    }
+
+    fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+        x[..len].iter_mut().zip(&y[..len]).for_each(|(a, b)| *a += b);
+    }
+
+    fn silu_mul(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) {
+        elementwise::silu_mul(&gate[..len], &up[..len], &mut out[..len]);
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, num_heads: usize, head_dim: usize, positions: &[u32], rope: Rope<'_>) {
+        elementwise::rope(x, num_heads, head_dim, positions, rope);
+    }
+
+    fn write_kv(
+        &self,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        slots: &[u32],
+        layout: &KvLayout,
+        k_cache: &mut Vec<f32>,
+        v_cache: &mut Vec<f32>,
+    ) {
+        elementwise::write_kv(k, v, slots, layout, k_cache, v_cache);
+    }
+
+    fn paged_attention(
+        &self,
+        q: &Vec<f32>,
+        seqs: &[AttnSeq<'_>],
+        heads: AttnHeads,
+        layout: &KvLayout,
+        caches: (&Vec<f32>, &Vec<f32>),
+        out: &mut Vec<f32>,
+    ) {
+        attention::paged_attention(self.isa, q, seqs, heads, layout, (caches.0, caches.1), out);
+    }
+
+    fn gather_rows(&self, x: &Vec<f32>, width: usize, rows: &[usize], out: &mut Vec<f32>) {
+        for (i, &r) in rows.iter().enumerate() {
+            out[i * width..(i + 1) * width].copy_from_slice(&x[r * width..(r + 1) * width]);
+        }
+    }
+}

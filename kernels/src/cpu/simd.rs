@@ -1,0 +1,279 @@
+//! The 8-lane vector abstraction the CPU kernels are written against, with a portable implementation
+//! and an x86-64 AVX2+FMA+F16C one chosen once per process.
+//!
+//! Invariants (batch invariance rests on them): every reduction a kernel performs for one output
+//! element is a fixed sequence of these operations whose order depends only on that element's inputs
+//! (lane `l` accumulates elements `l, l+8, l+16, …` in order; `Simd::hsum` folds lanes in one fixed
+//! tree; a tail shorter than 8 is added afterwards, in order). Nothing here depends on how many rows a
+//! batch has, so a row's result is bit-identical alone or in any batch. The portable path uses separate
+//! multiply and add (Rust never contracts them); the AVX2 path uses fused multiply-add, so the two ISAs
+//! differ in the last bits but each is deterministic.
+//!
+//! Design: the "generic kernel, monomorphised per ISA inside a `#[target_feature]` entry point" pattern
+//! (as in the `pulp` and `multiversion` crates): kernels are `#[inline(always)]` generics over `Simd`.
+
+use half::{bf16, f16};
+
+/// The instruction set the CPU kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Plain Rust on `[f32; 8]` lanes; runs everywhere.
+    Portable,
+    /// x86-64 with AVX2, FMA and F16C.
+    Avx2,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+}
+
+/// Element types a weight can be loaded from, 8 at a time, as f32 lanes.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    /// # Safety
+    /// `p..p+8` must be readable.
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        unsafe { S::load(p) }
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        unsafe { S::load_f16(p.cast()) }
+    }
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        unsafe { S::load_bf16(p.cast()) }
+    }
+}
+
+/// Eight f32 lanes.
+pub(crate) trait Simd: Copy + Send + Sync + 'static {
+    type V: Copy;
+    /// All lanes zero.
+    unsafe fn zero() -> Self::V;
+    /// All lanes `v`.
+    unsafe fn splat(v: f32) -> Self::V;
+    /// Eight f32 from `p`.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// Eight f16 (as bits) from `p`, widened.
+    unsafe fn load_f16(p: *const u16) -> Self::V;
+    /// Eight bf16 (as bits) from `p`, widened.
+    unsafe fn load_bf16(p: *const u16) -> Self::V;
+    /// Eight f32 to `p`.
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a * b + c` (fused on AVX2).
+    unsafe fn mul_add(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a * b`.
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// Sum of the lanes in a fixed order.
+    unsafe fn hsum(v: Self::V) -> f32;
+    /// Scalar `a * b + c`, fused exactly when [`Simd::mul_add`] is.
+    fn scalar_mul_add(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// The portable implementation.
+#[derive(Clone, Copy)]
+pub(crate) struct Portable;
+
+impl Simd for Portable {
+    type V = [f32; 8];
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self::V {
+        [v; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        unsafe { p.cast::<[f32; 8]>().read_unaligned() }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> Self::V {
+        let bits = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
+        bits.map(|b| f16::from_bits(b).to_f32())
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> Self::V {
+        let bits = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
+        bits.map(|b| f32::from_bits((b as u32) << 16))
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        unsafe { p.cast::<[f32; 8]>().write_unaligned(v) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        std::array::from_fn(|l| a[l] * b[l] + c[l])
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|l| a[l] * b[l])
+    }
+    #[inline(always)]
+    unsafe fn hsum(v: Self::V) -> f32 {
+        // The same tree as the AVX2 path: halves, then pairs, then the last two.
+        let h: [f32; 4] = std::array::from_fn(|l| v[l] + v[l + 4]);
+        let q = [h[0] + h[2], h[1] + h[3]];
+        q[0] + q[1]
+    }
+    #[inline(always)]
+    fn scalar_mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::Avx2;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Simd;
+    use std::arch::x86_64::*;
+
+    /// AVX2 + FMA + F16C; only used after [`super::Isa::detect`] found them.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Avx2;
+
+    impl Simd for Avx2 {
+        type V = __m256;
+        #[inline(always)]
+        unsafe fn zero() -> Self::V {
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self::V {
+            unsafe { _mm256_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self::V {
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> Self::V {
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> Self::V {
+            unsafe {
+                let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+                _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16))
+            }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: Self::V) {
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+            unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn hsum(v: Self::V) -> f32 {
+            unsafe {
+                let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+                _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)))
+            }
+        }
+        #[inline(always)]
+        fn scalar_mul_add(a: f32, b: f32, c: f32) -> f32 {
+            a.mul_add(b, c)
+        }
+    }
+}
+
+/// Dot product of `a` and `b` (equal lengths) in the fixed order described in the module header.
+#[inline(always)]
+pub(crate) unsafe fn dot<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let n8 = n / 8 * 8;
+    unsafe {
+        let mut acc = S::zero();
+        let mut i = 0;
+        while i < n8 {
+            acc = S::mul_add(S::load(a.as_ptr().add(i)), S::load(b.as_ptr().add(i)), acc);
+            i += 8;
+        }
+        let mut tail = 0.0f32;
+        for j in n8..n {
+            tail = S::scalar_mul_add(a[j], b[j], tail);
+        }
+        S::hsum(acc) + tail
+    }
+}
+
+/// `y = a * x + y` over equal-length slices.
+#[inline(always)]
+pub(crate) unsafe fn axpy<S: Simd>(a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let n8 = n / 8 * 8;
+    unsafe {
+        let av = S::splat(a);
+        let mut i = 0;
+        while i < n8 {
+            let r = S::mul_add(av, S::load(x.as_ptr().add(i)), S::load(y.as_ptr().add(i)));
+            S::store(y.as_mut_ptr().add(i), r);
+            i += 8;
+        }
+    }
+    for j in n8..n {
+        y[j] = S::scalar_mul_add(a, x[j], y[j]);
+    }
+}
+
+/// `y = a * y` in place.
+#[inline(always)]
+pub(crate) unsafe fn scale<S: Simd>(a: f32, y: &mut [f32]) {
+    let n8 = y.len() / 8 * 8;
+    unsafe {
+        let av = S::splat(a);
+        let mut i = 0;
+        while i < n8 {
+            S::store(y.as_mut_ptr().add(i), S::mul(av, S::load(y.as_ptr().add(i))));
+            i += 8;
+        }
+    }
+    for v in &mut y[n8..] {
+        *v *= a;
+    }
+}

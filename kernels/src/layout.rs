@@ -1,0 +1,79 @@
+//! Plain-data descriptions the kernels share with the engine: the paged KV-cache layout and the ragged
+//! batch as attention sees it.
+//!
+//! Invariants: a KV cache of one layer is `num_blocks × num_kv_heads × block_size × head_dim` f32,
+//! indexed block-major so one head's keys of one block are contiguous (vLLM's paged layout, with heads
+//! outside slots). A token at position `p` of a sequence lives in block `block_table[p / block_size]`,
+//! slot `p % block_size`; its "slot id" is `block * block_size + slot` (vLLM's `slot_mapping`).
+
+/// The shape of one layer's paged K (or V) cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Blocks in the pool.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Key/value heads (fewer than query heads under grouped-query attention).
+    pub num_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Elements in one layer's K (or V) cache.
+    pub fn len(&self) -> usize {
+        self.num_blocks * self.num_kv_heads * self.block_size * self.head_dim
+    }
+
+    /// Whether the cache holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element offset of `(block, head, slot)`.
+    #[inline]
+    pub fn offset(&self, block: usize, head: usize, slot: usize) -> usize {
+        ((block * self.num_kv_heads + head) * self.block_size + slot) * self.head_dim
+    }
+
+    /// The slot id of position `pos` of a sequence with `block_table`.
+    pub fn slot_id(&self, block_table: &[u32], pos: usize) -> u32 {
+        block_table[pos / self.block_size] * self.block_size as u32 + (pos % self.block_size) as u32
+    }
+}
+
+/// One sequence's rows in a ragged batch, as attention needs them.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnSeq<'a> {
+    /// Index of the sequence's first new row in the batch.
+    pub row_start: usize,
+    /// New rows (tokens) this step: a prefill chunk or one decode token.
+    pub num_rows: usize,
+    /// Position of the first new token (tokens before it are already in the cache).
+    pub first_pos: usize,
+    /// Blocks holding positions `0..first_pos + num_rows`.
+    pub block_table: &'a [u32],
+}
+
+/// Head configuration of an attention layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnHeads {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads; `num_heads` is a multiple of it.
+    pub num_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Score scale, normally `1/sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+/// Rotary-embedding parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct Rope<'a> {
+    /// Per-pair inverse frequencies (`head_dim / 2`), scaling already applied.
+    pub inv_freq: &'a [f32],
+    /// Pairs are adjacent elements `(2i, 2i+1)` (GGML's "normal" mode, which GGUF Llama files need
+    /// because their converter permuted Q/K rows) instead of Hugging Face's rotate-half `(i, i + d/2)`.
+    pub interleaved: bool,
+}
