@@ -1,6 +1,41 @@
-//! The modelfleet inference engine: scheduler, paged KV cache, prefix cache, sampling and the model
-//! forward pass. No HTTP, no serde wire types, no I/O beyond loading weights — `runtime/server` is the
-//! only crate that talks to the network.
+//! The modelfleet inference engine: model loading, the Llama-family forward pass over a ragged batch
+//! with a paged KV cache, tokenization and chat templates, sampling and stopping. No HTTP, no serde wire
+//! types, no I/O beyond loading a model directory — `runtime/server` is the only crate that talks to the
+//! network, and the scheduler (Engine II) drives what is here.
 //!
-//! Empty until the engine issues (Engine I, Engine II) land; the crate exists so the workspace has the
-//! layout of `DESIGN.md` from the start.
+//! Tour (in the order a request meets it):
+//! - [`tokenizer`]: `tokenizer.json`, the Jinja chat template of `tokenizer_config.json`,
+//!   `generation_config.json`, and incremental detokenization that never splits a UTF-8 character.
+//! - [`kv`]: the paged KV cache in vLLM v1's layers — [`kv::KvCacheManager`] (block tables per request)
+//!   over a [`kv::BlockPool`] (blocks), and the per-layer storage the model reads.
+//! - [`model`]: `config.json`, memory-mapped safetensors or GGUF (f32/f16/bf16, Q4_0/Q4_1/Q8_0/Q4_K/
+//!   Q6_K), and [`model::LlamaModel::forward`], one step over a batch of prefill chunks and decode
+//!   tokens, on any [`modelfleet_kernels::Kernels`] backend.
+//! - [`sampling`]: parameter validation, logits processors, greedy/seeded sampling with logprobs.
+//! - [`stop`]: stop conditions and the hold-back buffer for stop strings.
+//! - [`sequence`]: one request's generation state (sampler RNG, penalties, stop checker, detokenizer)
+//!   turning a row of logits into the next token and its text.
+//! - [`ModelDir`]: everything in a Hugging Face model directory or GGUF file, loaded together.
+//! - [`Engine`]: what the scheduler's step loop owns — model, backend, KV storage — and `step`.
+//!
+//! Architecture invariants:
+//! - Batch invariance: a request's logits, and so its sampled tokens for a given seed, are the same
+//!   alone or in any batch (kernels reduce in a fixed per-row order; one RNG per request).
+//! - One error type, [`EngineError`]; errors from files name the file and the field or tensor.
+//! - Nothing here panics on bad input files or parameters.
+
+mod engine;
+pub mod error;
+pub mod kv;
+pub mod model;
+mod model_dir;
+pub mod sampling;
+pub mod sequence;
+pub mod stop;
+pub mod tokenizer;
+
+pub use engine::{Engine, EngineConfig};
+pub use error::{EngineError, Result};
+pub use model_dir::ModelDir;
+/// The kernels crate, so callers name one dependency (`modelfleet_engine::kernels::cpu::CpuKernels`).
+pub use modelfleet_kernels as kernels;

@@ -1,0 +1,489 @@
+//! `config.json` of a Hugging Face Llama-family model, parsed into the [`ModelConfig`] the forward pass
+//! uses: Llama 1/2/3.x (incl. `rope_scaling` type `llama3` and `linear`), Mistral, Qwen2 (q/k/v bias),
+//! SmolLM (Llama architecture); grouped-query attention; tied embeddings.
+//!
+//! Invariants: a `ModelConfig` is internally consistent (heads divide evenly, `head_dim` is even,
+//! sizes non-zero) — every check happens here, with errors naming the file and the field, so the
+//! forward pass never meets a shape it cannot run. Features the engine cannot honour exactly (a sliding
+//! window shorter than the context, unknown rope scaling, other activations) are refused, never ignored.
+//!
+//! Defaults follow `transformers`' `LlamaConfig`/`MistralConfig`/`Qwen2Config`.
+
+use crate::error::{EngineError, Result, parse_json, read_to_string};
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The model families the engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    /// `LlamaForCausalLM` (Llama 1/2/3.x, SmolLM, TinyLlama…).
+    Llama,
+    /// `MistralForCausalLM`.
+    Mistral,
+    /// `Qwen2ForCausalLM` (bias on q/k/v projections).
+    Qwen2,
+}
+
+/// Rotary-embedding frequency scaling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Positions divided by `factor` (`"linear"`).
+    Linear {
+        /// The divisor.
+        factor: f32,
+    },
+    /// Llama 3.1's frequency-dependent scaling (`"llama3"`).
+    Llama3 {
+        /// Scale of low frequencies.
+        factor: f32,
+        /// Wavelength threshold (relative) below which frequencies are fully scaled.
+        low_freq_factor: f32,
+        /// Wavelength threshold (relative) above which frequencies are kept.
+        high_freq_factor: f32,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// A validated model configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// Model family.
+    pub architecture: Architecture,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `num_heads`).
+    pub num_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Rows of the embedding matrix (may exceed the tokenizer's vocabulary).
+    pub vocab_size: usize,
+    /// The longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RoPE scaling, if any.
+    pub rope_scaling: Option<RopeScaling>,
+    /// The LM head reuses the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Bias on the q/k/v projections (Qwen2, or Llama with `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on the output projection (Llama with `attention_bias`).
+    pub o_bias: bool,
+    /// BOS token id, if the config names one.
+    pub bos_token_id: Option<u32>,
+    /// EOS token ids from `config.json` (generation_config.json usually has the authoritative list).
+    pub eos_token_ids: Vec<u32>,
+    /// RoPE pairs adjacent elements instead of rotating halves: true for GGUF Llama files, whose
+    /// converter permuted the Q/K rows for GGML's "normal" RoPE mode.
+    pub rope_interleaved: bool,
+}
+
+#[derive(Deserialize)]
+struct Raw {
+    architectures: Option<Vec<String>>,
+    model_type: Option<String>,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: usize,
+    max_position_embeddings: usize,
+    rms_norm_eps: f64,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<Value>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    hidden_act: Option<String>,
+    sliding_window: Option<Value>,
+    use_sliding_window: Option<bool>,
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+}
+
+impl ModelConfig {
+    /// Reads and validates `path` (a `config.json`).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        Self::from_json(path, &read_to_string(path)?)
+    }
+
+    /// Parses and validates `text`; `path` is only used in error messages.
+    pub fn from_json(path: &Path, text: &str) -> Result<Self> {
+        let raw: Raw = parse_json(path, text)?;
+        let err = |field: &str, message: String| EngineError::Config {
+            path: path.to_path_buf(),
+            field: field.to_string(),
+            message,
+        };
+        let architecture = architecture(path, &raw)?;
+        for (field, v) in [
+            ("hidden_size", raw.hidden_size),
+            ("intermediate_size", raw.intermediate_size),
+            ("num_hidden_layers", raw.num_hidden_layers),
+            ("num_attention_heads", raw.num_attention_heads),
+            ("vocab_size", raw.vocab_size),
+            ("max_position_embeddings", raw.max_position_embeddings),
+        ] {
+            if v == 0 {
+                return Err(err(field, "must be greater than 0".into()));
+            }
+        }
+        let num_heads = raw.num_attention_heads;
+        let num_kv_heads = raw.num_key_value_heads.unwrap_or(num_heads);
+        if num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
+            return Err(err(
+                "num_key_value_heads",
+                format!("{num_kv_heads} does not divide num_attention_heads ({num_heads})"),
+            ));
+        }
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None if raw.hidden_size.is_multiple_of(num_heads) => raw.hidden_size / num_heads,
+            None => {
+                return Err(err(
+                    "num_attention_heads",
+                    format!("{num_heads} does not divide hidden_size ({})", raw.hidden_size),
+                ));
+            }
+        };
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(err(
+                "head_dim",
+                format!("{head_dim} must be even and non-zero (rotary pairs)"),
+            ));
+        }
+        if let Some(act) = &raw.hidden_act
+            && act != "silu"
+        {
+            return Err(err(
+                "hidden_act",
+                format!("{act:?} is not supported (only \"silu\")"),
+            ));
+        }
+        if raw.mlp_bias == Some(true) {
+            return Err(err("mlp_bias", "true is not supported".into()));
+        }
+        if !(raw.rms_norm_eps.is_finite() && raw.rms_norm_eps > 0.0) {
+            return Err(err(
+                "rms_norm_eps",
+                format!("{} must be a positive number", raw.rms_norm_eps),
+            ));
+        }
+        let rope_theta = raw.rope_theta.unwrap_or(10_000.0);
+        if !(rope_theta.is_finite() && rope_theta > 1.0) {
+            return Err(err(
+                "rope_theta",
+                format!("{rope_theta} must be a number greater than 1"),
+            ));
+        }
+        check_sliding_window(path, &raw, architecture)?;
+        let rope_scaling = match &raw.rope_scaling {
+            None | Some(Value::Null) => None,
+            Some(v) => rope_scaling(path, v)?,
+        };
+        let attention_bias = raw.attention_bias.unwrap_or(false);
+        Ok(ModelConfig {
+            architecture,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_layers: raw.num_hidden_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: raw.vocab_size,
+            max_position_embeddings: raw.max_position_embeddings,
+            rms_norm_eps: raw.rms_norm_eps as f32,
+            rope_theta: rope_theta as f32,
+            rope_scaling,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
+            o_bias: architecture == Architecture::Llama && attention_bias,
+            bos_token_id: token_ids(path, "bos_token_id", raw.bos_token_id.as_ref())?
+                .first()
+                .copied(),
+            eos_token_ids: token_ids(path, "eos_token_id", raw.eos_token_id.as_ref())?,
+            rope_interleaved: false,
+        })
+    }
+
+    /// Per-pair RoPE inverse frequencies (`head_dim / 2`), with scaling applied — the same f32
+    /// arithmetic as `transformers` and `candle-transformers`.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let d = self.head_dim;
+        let base: Vec<f32> = (0..d)
+            .step_by(2)
+            .map(|i| 1.0 / self.rope_theta.powf(i as f32 / d as f32))
+            .collect();
+        match self.rope_scaling {
+            None => base,
+            Some(RopeScaling::Linear { factor }) => base.into_iter().map(|f| f / factor).collect(),
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                let old = original_max_position_embeddings as f32;
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                base.into_iter()
+                    .map(|freq| {
+                        let wavelen = 2.0 * std::f32::consts::PI / freq;
+                        if wavelen < high_wavelen {
+                            freq
+                        } else if wavelen > low_wavelen {
+                            freq / factor
+                        } else {
+                            let smooth =
+                                (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * freq / factor + smooth * freq
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+fn architecture(path: &Path, raw: &Raw) -> Result<Architecture> {
+    let from_name = |s: &str| match s {
+        "LlamaForCausalLM" | "llama" => Some(Architecture::Llama),
+        "MistralForCausalLM" | "mistral" => Some(Architecture::Mistral),
+        "Qwen2ForCausalLM" | "qwen2" => Some(Architecture::Qwen2),
+        _ => None,
+    };
+    let (field, name) = match (&raw.architectures, &raw.model_type) {
+        (Some(a), _) if !a.is_empty() => ("architectures", a[0].clone()),
+        (_, Some(t)) => ("model_type", t.clone()),
+        _ => {
+            return Err(EngineError::Config {
+                path: path.to_path_buf(),
+                field: "architectures".into(),
+                message: "missing (and no model_type either)".into(),
+            });
+        }
+    };
+    from_name(&name).ok_or_else(|| EngineError::Config {
+        path: path.to_path_buf(),
+        field: field.into(),
+        message: format!(
+            "{name:?} is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"
+        ),
+    })
+}
+
+fn check_sliding_window(path: &Path, raw: &Raw, arch: Architecture) -> Result<()> {
+    // Qwen2 carries a window but only uses it with `use_sliding_window: true`.
+    if arch == Architecture::Qwen2 && raw.use_sliding_window != Some(true) {
+        return Ok(());
+    }
+    match &raw.sliding_window {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(w) if w as usize >= raw.max_position_embeddings => Ok(()),
+            _ => Err(EngineError::Config {
+                path: path.to_path_buf(),
+                field: "sliding_window".into(),
+                message: format!(
+                    "{n} is smaller than max_position_embeddings ({}); sliding-window attention is not \
+                     supported (set it to null or to at least max_position_embeddings)",
+                    raw.max_position_embeddings
+                ),
+            }),
+        },
+        Some(other) => Err(EngineError::Config {
+            path: path.to_path_buf(),
+            field: "sliding_window".into(),
+            message: format!("{other} is not an integer or null"),
+        }),
+    }
+}
+
+fn rope_scaling(path: &Path, v: &Value) -> Result<Option<RopeScaling>> {
+    let err = |field: &str, message: String| EngineError::Config {
+        path: PathBuf::from(path),
+        field: format!("rope_scaling.{field}"),
+        message,
+    };
+    let kind = v
+        .get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let num = |field: &str| -> Result<f32> {
+        match v.get(field).and_then(Value::as_f64) {
+            Some(x) if x.is_finite() && x > 0.0 => Ok(x as f32),
+            Some(x) => Err(err(field, format!("{x} must be a positive number"))),
+            None => Err(err(field, "missing".into())),
+        }
+    };
+    match kind {
+        "default" => Ok(None),
+        "linear" => Ok(Some(RopeScaling::Linear {
+            factor: num("factor")?,
+        })),
+        "llama3" => {
+            let (low, high) = (num("low_freq_factor")?, num("high_freq_factor")?);
+            if high <= low {
+                return Err(err(
+                    "high_freq_factor",
+                    format!("{high} must exceed low_freq_factor ({low})"),
+                ));
+            }
+            Ok(Some(RopeScaling::Llama3 {
+                factor: num("factor")?,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+            }))
+        }
+        other => Err(err(
+            "rope_type",
+            format!("{other:?} is not supported (default, linear, llama3)"),
+        )),
+    }
+}
+
+/// A token id field that may be absent, null, an integer or a list of integers.
+pub(crate) fn token_ids(path: &Path, field: &str, v: Option<&Value>) -> Result<Vec<u32>> {
+    let bad = || EngineError::Config {
+        path: path.to_path_buf(),
+        field: field.to_string(),
+        message: "must be a token id, a list of token ids, or null".into(),
+    };
+    let one = |v: &Value| v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad);
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a.iter().map(one).collect(),
+        Some(v) => Ok(vec![one(v)?]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOLLM: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":576,"intermediate_size":1536,
+        "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"vocab_size":49152,
+        "max_position_embeddings":8192,"rms_norm_eps":1e-5,"rope_theta":100000,"tie_word_embeddings":true,
+        "hidden_act":"silu","bos_token_id":1,"eos_token_id":2,"rope_scaling":null}"#;
+
+    fn parse(text: &str) -> Result<ModelConfig> {
+        ModelConfig::from_json(Path::new("m/config.json"), text)
+    }
+
+    fn with(extra: &str) -> String {
+        SMOLLM.trim_end_matches('}').to_string() + "," + extra + "}"
+    }
+
+    #[test]
+    fn smollm_parses_with_gqa_and_tied_embeddings() {
+        let c = parse(SMOLLM).unwrap();
+        assert_eq!(
+            (c.architecture, c.head_dim, c.num_kv_heads),
+            (Architecture::Llama, 64, 3)
+        );
+        assert!(c.tie_word_embeddings && !c.qkv_bias);
+        assert_eq!((c.bos_token_id, c.eos_token_ids.clone()), (Some(1), vec![2]));
+        assert_eq!(c.inv_freq().len(), 32);
+    }
+
+    #[test]
+    fn llama3_rope_scaling_matches_reference_values() {
+        let text = SMOLLM
+            .replace(
+                r#""rope_scaling":null"#,
+                r#""rope_scaling":{"rope_type":"llama3","factor":32.0,
+            "low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}"#,
+            )
+            .replace(r#""rope_theta":100000"#, r#""rope_theta":500000"#);
+        let c = parse(&text).unwrap();
+        let f = c.inv_freq();
+        assert_eq!(f[0], 1.0); // highest frequency untouched
+        let unscaled = 1.0 / 500000f32.powf(62.0 / 64.0);
+        assert!(
+            (f[31] - unscaled / 32.0).abs() < 1e-12,
+            "lowest frequency divided by the factor"
+        );
+    }
+
+    fn check_err(text: &str, field: &str, needle: &str) {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.starts_with("m/config.json"), "{e}");
+        assert!(
+            e.contains(field) && e.contains(needle),
+            "{e} lacks {field} / {needle}"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        check_err(
+            &SMOLLM.replace("LlamaForCausalLM", "GPT2LMHeadModel"),
+            "architectures",
+            "GPT2LMHeadModel",
+        );
+        check_err(
+            &SMOLLM.replace(r#""hidden_size":576,"#, ""),
+            "hidden_size",
+            "missing field",
+        );
+        check_err(
+            &SMOLLM.replace(r#""num_key_value_heads":3"#, r#""num_key_value_heads":4"#),
+            "num_key_value_heads",
+            "4",
+        );
+        check_err(
+            &with(r#""hidden_act":"gelu""#).replace(r#""hidden_act":"silu","#, ""),
+            "hidden_act",
+            "gelu",
+        );
+        check_err(
+            &with(r#""sliding_window":4096"#),
+            "sliding_window",
+            "smaller than max_position_embeddings",
+        );
+        check_err(
+            &SMOLLM.replace(
+                r#""rope_scaling":null"#,
+                r#""rope_scaling":{"type":"yarn","factor":4}"#,
+            ),
+            "rope_scaling.rope_type",
+            "yarn",
+        );
+        check_err(
+            &SMOLLM.replace(r#""eos_token_id":2"#, r#""eos_token_id":"x""#),
+            "eos_token_id",
+            "token id",
+        );
+        check_err("{", "m/config.json", "EOF");
+    }
+
+    #[test]
+    fn mistral_window_at_least_the_context_is_ignored_and_qwen2_has_bias() {
+        let m = with(r#""sliding_window":8192"#).replace("LlamaForCausalLM", "MistralForCausalLM");
+        assert_eq!(parse(&m).unwrap().architecture, Architecture::Mistral);
+        let null = with(r#""sliding_window":null"#).replace("LlamaForCausalLM", "MistralForCausalLM");
+        assert!(parse(&null).is_ok());
+        let q = with(r#""sliding_window":4096,"use_sliding_window":false"#)
+            .replace("LlamaForCausalLM", "Qwen2ForCausalLM");
+        let c = parse(&q).unwrap();
+        assert!(c.qkv_bias && !c.o_bias);
+        let q_on = q.replace(r#""use_sliding_window":false"#, r#""use_sliding_window":true"#);
+        assert!(parse(&q_on).is_err());
+        let eos = SMOLLM.replace(r#""eos_token_id":2"#, r#""eos_token_id":[2, 7]"#);
+        assert_eq!(parse(&eos).unwrap().eos_token_ids, vec![2, 7]);
+    }
+}

@@ -1,0 +1,14 @@
+//! The model: configuration, weights and the Llama-family forward pass over a ragged batch.
+
+mod batch;
+mod config;
+pub mod gguf;
+pub(crate) mod gguf_model;
+mod llama;
+mod weights;
+
+pub use batch::{Logits, LogitsRows, SeqInput};
+pub(crate) use config::token_ids;
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use llama::LlamaModel;
+pub use weights::Weights;

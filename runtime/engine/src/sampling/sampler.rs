@@ -1,0 +1,222 @@
+//! Turns one row of processed logits into a token: greedy when `temperature == 0` (decided before any
+//! division; the lowest index wins ties), else temperature → top-k → softmax → top-p (keeping the token
+//! that crosses the threshold) → min-p → one uniform draw. Reports the logprob of the chosen token and
+//! the top alternatives under the final distribution (the one sampled from).
+//!
+//! Invariants: exactly one `f64` is drawn from the request's RNG per call, greedy or not, so a seed
+//! gives the same sequence whatever the batch; the draw walks tokens in index order, so the result
+//! does not depend on sort stability; ties in top-k at the k-th value are all kept (as vLLM does).
+
+use super::params::ValidSamplingParams;
+use modelfleet_kernels::cpu::softmax_in_place;
+use rand::RngExt;
+
+/// A token with its log-probability.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token id.
+    pub token: u32,
+    /// Its log-probability under the final distribution.
+    pub logprob: f32,
+}
+
+/// The sampler's result for one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleOutput {
+    /// The chosen token and its logprob.
+    pub chosen: TokenLogprob,
+    /// The most likely tokens (most likely first, ties by lower id), if logprobs were requested.
+    pub top: Vec<TokenLogprob>,
+}
+
+/// Samples from `logits` (already processed; consumed as scratch space).
+pub fn sample(logits: &mut [f32], p: &ValidSamplingParams, rng: &mut impl rand::Rng) -> SampleOutput {
+    let u: f64 = rng.random();
+    if p.temperature == 0.0 {
+        let token = argmax(logits);
+        // Greedy's distribution is the processed logits' softmax.
+        softmax_in_place(logits);
+        return output(logits, token, p.logprobs);
+    }
+    let inv_t = 1.0 / p.temperature;
+    logits.iter_mut().for_each(|l| *l *= inv_t);
+    if p.top_k > 0 && (p.top_k as usize) < logits.len() {
+        let kth = kth_largest(logits, p.top_k as usize);
+        logits
+            .iter_mut()
+            .filter(|l| **l < kth)
+            .for_each(|l| *l = f32::NEG_INFINITY);
+    }
+    softmax_in_place(logits);
+    if p.top_p < 1.0 {
+        top_p(logits, p.top_p);
+    }
+    if p.min_p > 0.0 {
+        let cut = p.min_p * logits.iter().cloned().fold(0.0, f32::max);
+        logits.iter_mut().filter(|x| **x < cut).for_each(|x| *x = 0.0);
+    }
+    let total: f64 = logits.iter().map(|&x| x as f64).sum();
+    logits.iter_mut().for_each(|x| *x = (*x as f64 / total) as f32);
+    let target = u;
+    let mut cum = 0.0f64;
+    let mut token = None;
+    let mut last_nonzero = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > 0.0 {
+            last_nonzero = i;
+            cum += x as f64;
+            if cum > target {
+                token = Some(i);
+                break;
+            }
+        }
+    }
+    output(logits, token.unwrap_or(last_nonzero) as u32, p.logprobs)
+}
+
+/// Index of the largest logit; the lowest index wins ties; NaN never wins.
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] || x[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn kth_largest(x: &[f32], k: usize) -> f32 {
+    let mut v = x.to_vec();
+    let (_, kth, _) = v.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    *kth
+}
+
+/// Zeroes every probability outside the smallest set of most likely tokens whose mass reaches `p`.
+fn top_p(probs: &mut [f32], p: f32) {
+    let mut idx: Vec<u32> = (0..probs.len() as u32)
+        .filter(|&i| probs[i as usize] > 0.0)
+        .collect();
+    idx.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+    let mut cum = 0.0f64;
+    let mut keep = idx.len();
+    for (n, &i) in idx.iter().enumerate() {
+        cum += probs[i as usize] as f64;
+        if cum >= p as f64 {
+            keep = n + 1;
+            break;
+        }
+    }
+    for &i in &idx[keep..] {
+        probs[i as usize] = 0.0;
+    }
+}
+
+fn output(probs: &[f32], token: u32, logprobs: Option<usize>) -> SampleOutput {
+    let lp = |i: usize| probs[i].ln();
+    let chosen = TokenLogprob {
+        token,
+        logprob: lp(token as usize),
+    };
+    let top = match logprobs {
+        None | Some(0) => Vec::new(),
+        Some(n) => {
+            let mut idx: Vec<usize> = (0..probs.len()).collect();
+            let n = n.min(idx.len());
+            idx.select_nth_unstable_by(n - 1, |&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+            idx.truncate(n);
+            idx.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+            idx.into_iter()
+                .map(|i| TokenLogprob {
+                    token: i as u32,
+                    logprob: lp(i),
+                })
+                .collect()
+        }
+    };
+    SampleOutput { chosen, top }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingParams;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> ValidSamplingParams {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p.validate(100).unwrap()
+    }
+
+    fn histogram(logits: &[f32], p: &ValidSamplingParams, n: usize) -> Vec<usize> {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut h = vec![0; logits.len()];
+        for _ in 0..n {
+            h[sample(&mut logits.to_vec(), p, &mut rng).chosen.token as usize] += 1;
+        }
+        h
+    }
+
+    #[test]
+    fn greedy_takes_the_lowest_index_among_ties_and_reports_logprobs() {
+        let p = params(|p| {
+            p.temperature = 0.0;
+            p.logprobs = Some(2);
+        });
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let out = sample(&mut [1.0, 3.0, 3.0, 0.0], &p, &mut rng);
+        assert_eq!(out.chosen.token, 1);
+        let z = (1f32.exp() + 2.0 * 3f32.exp() + 1.0).ln();
+        assert!((out.chosen.logprob - (3.0 - z)).abs() < 1e-5);
+        assert_eq!(out.top.iter().map(|t| t.token).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    #[test]
+    fn filters_restrict_the_support() {
+        let logits = [2.0, 1.9, 1.0, 0.0, -1.0];
+        let n = 2000;
+        assert!(
+            histogram(&logits, &params(|_| {}), n).iter().all(|&c| c > 0),
+            "plain sampling reaches every token"
+        );
+        let k2 = histogram(&logits, &params(|p| p.top_k = 2), n);
+        assert_eq!(&k2[2..], &[0, 0, 0]);
+        // probs ≈ [.41, .37, .15, .06, .02]: top_p 0.5 keeps the token that crosses it (2 tokens).
+        let p5 = histogram(&logits, &params(|p| p.top_p = 0.5), n);
+        assert!(
+            p5[0] > 0 && p5[1] > 0 && p5[2..].iter().all(|&c| c == 0),
+            "{p5:?}"
+        );
+        let tiny_p = histogram(&logits, &params(|p| p.top_p = 0.01), n);
+        assert_eq!(tiny_p[0], n, "the most likely token alone crosses a tiny top_p");
+        // min_p 0.3: keep tokens with p >= 0.3 × 0.41.
+        let mp = histogram(&logits, &params(|p| p.min_p = 0.3), n);
+        assert!(mp[2] > 0 && mp[3] == 0 && mp[4] == 0, "{mp:?}");
+        // Low temperature sharpens towards the argmax.
+        let cold = histogram(&logits, &params(|p| p.temperature = 0.05), n);
+        assert!(cold[0] > n * 8 / 10, "{cold:?}");
+    }
+
+    #[test]
+    fn frequencies_follow_the_distribution() {
+        let logits = [0.0, 2f32.ln(), f32::NEG_INFINITY];
+        let h = histogram(&logits, &params(|_| {}), 6000);
+        assert_eq!(h[2], 0);
+        assert!((h[1] as f64 / 6000.0 - 2.0 / 3.0).abs() < 0.03, "{h:?}");
+    }
+
+    #[test]
+    fn one_draw_per_token_and_seeds_reproduce() {
+        let p = params(|p| p.logprobs = Some(1));
+        let mut a = ChaCha8Rng::seed_from_u64(42);
+        let mut b = ChaCha8Rng::seed_from_u64(42);
+        let greedy = params(|p| p.temperature = 0.0);
+        sample(&mut [0.0; 10], &greedy, &mut a);
+        let _: f64 = b.random();
+        let x = sample(&mut [0.0; 10], &p, &mut a);
+        let y = sample(&mut [0.0; 10], &p, &mut b);
+        assert_eq!(x, y, "greedy consumed exactly one draw");
+        assert!((x.chosen.logprob - 0.1f32.ln()).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,301 @@
+//! Forward-pass properties on small random models written to a temporary directory: batch invariance
+//! (bit-identical logits alone or in any batch), chunked prefill and decode agreeing bit for bit with one
+//! full prefill, weights in f16/bf16 close to f32, and malformed batches reported as errors.
+
+use modelfleet_engine::EngineError;
+use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
+use modelfleet_engine::model::{LlamaModel, LogitsRows, ModelConfig, SeqInput, Weights};
+use modelfleet_kernels::cpu::CpuKernels;
+use safetensors::tensor::{Dtype, TensorView};
+use std::path::Path;
+
+const VOCAB: usize = 96;
+
+fn lcg(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Writes a 2-layer Qwen2-style model (GQA 4/2 heads, q/k/v bias, untied head) in `dtype`.
+fn write_model(dir: &Path, dtype: Dtype) {
+    let (h, hd, heads, kv, inter, layers) = (32usize, 8usize, 4usize, 2usize, 48usize, 2usize);
+    let config = format!(
+        r#"{{"architectures":["Qwen2ForCausalLM"],"hidden_size":{h},"intermediate_size":{inter},
+        "num_hidden_layers":{layers},"num_attention_heads":{heads},"num_key_value_heads":{kv},"vocab_size":{VOCAB},
+        "max_position_embeddings":256,"rms_norm_eps":1e-6,"rope_theta":10000.0,"tie_word_embeddings":false,
+        "hidden_act":"silu","use_sliding_window":false,"sliding_window":256}}"#
+    );
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let mut specs: Vec<(String, Vec<usize>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![VOCAB, h]),
+        ("model.norm.weight".into(), vec![h]),
+        ("lm_head.weight".into(), vec![VOCAB, h]),
+    ];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        for (n, s) in [
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+            ("self_attn.q_proj.weight", vec![heads * hd, h]),
+            ("self_attn.q_proj.bias", vec![heads * hd]),
+            ("self_attn.k_proj.weight", vec![kv * hd, h]),
+            ("self_attn.k_proj.bias", vec![kv * hd]),
+            ("self_attn.v_proj.weight", vec![kv * hd, h]),
+            ("self_attn.v_proj.bias", vec![kv * hd]),
+            ("self_attn.o_proj.weight", vec![h, heads * hd]),
+            ("mlp.gate_proj.weight", vec![inter, h]),
+            ("mlp.up_proj.weight", vec![inter, h]),
+            ("mlp.down_proj.weight", vec![h, inter]),
+        ] {
+            specs.push((format!("{p}.{n}"), s));
+        }
+    }
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, shape))| {
+            let n: usize = shape.iter().product();
+            let vals = if name.ends_with("norm.weight") {
+                lcg(i as u64, n, 0.2).iter().map(|v| 1.0 + v).collect()
+            } else {
+                lcg(i as u64, n, 1.7 / (shape[shape.len() - 1] as f32).sqrt())
+            };
+            let bytes = match dtype {
+                Dtype::F16 => vals
+                    .iter()
+                    .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                    .collect(),
+                Dtype::BF16 => vals
+                    .iter()
+                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                    .collect(),
+                _ => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            };
+            (name, shape, bytes)
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = data
+        .iter()
+        .map(|(n, s, b)| (n.clone(), TensorView::new(dtype, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(
+        dir.join("model.safetensors"),
+        safetensors::serialize(views, None).unwrap(),
+    )
+    .unwrap();
+}
+
+struct Fixture {
+    kernels: CpuKernels,
+    model: LlamaModel<CpuKernels>,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture(dtype: Dtype, threads: usize) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), dtype);
+    let config = ModelConfig::from_file(&dir.path().join("config.json")).unwrap();
+    let weights = Weights::open(dir.path()).unwrap();
+    let kernels = CpuKernels::new(threads);
+    let model = LlamaModel::load(&kernels, config, &weights).unwrap();
+    Fixture {
+        kernels,
+        model,
+        _dir: dir,
+    }
+}
+
+fn prompt(seed: u64, n: usize) -> Vec<u32> {
+    lcg(seed, n, 1.0)
+        .iter()
+        .map(|v| ((v + 1.0) * 0.5 * (VOCAB - 1) as f32) as u32)
+        .collect()
+}
+
+/// Runs each sequence's full prompt in one prefill with all logits.
+fn alone(f: &Fixture, tokens: &[u32]) -> Vec<f32> {
+    let mut kv = KvCacheManager::new(FreeListPool::new(64), 4);
+    let mut cache = f.model.new_kv_cache(&f.kernels, 64, 4);
+    let table = kv.allocate_slots(1, 0, tokens.len()).unwrap().to_vec();
+    let seq = SeqInput {
+        tokens,
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsRows::All,
+    };
+    f.model
+        .forward(&f.kernels, &[seq], &mut cache)
+        .unwrap()
+        .seq(0)
+        .to_vec()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn logits_are_bit_identical_alone_or_in_a_mixed_batch() {
+    let f = fixture(Dtype::F32, 2);
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(i, 3 + 7 * i as usize)).collect();
+    let want: Vec<Vec<f32>> = prompts.iter().map(|p| alone(&f, p)).collect();
+    // The same sequences in one cache, advanced in steps of different sizes so that every step mixes
+    // prefill chunks and single decode tokens of different sequences.
+    let mut kv = KvCacheManager::new(FreeListPool::new(64), 4);
+    let mut cache = f.model.new_kv_cache(&f.kernels, 64, 4);
+    let mut done = vec![0usize; prompts.len()];
+    let mut got: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
+    let mut step = 0;
+    while done.iter().zip(&prompts).any(|(d, p)| d < &p.len()) {
+        let mut chunks = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            if done[i] == p.len() {
+                continue;
+            }
+            let n = (1 + (i + step) % 5).min(p.len() - done[i]);
+            kv.allocate_slots(i as u64, done[i], n).unwrap();
+            chunks.push((i, done[i], n));
+        }
+        let tables: Vec<Vec<u32>> = chunks
+            .iter()
+            .map(|&(i, _, _)| kv.block_table(i as u64).to_vec())
+            .collect();
+        let batch: Vec<SeqInput<'_>> = chunks
+            .iter()
+            .zip(&tables)
+            .map(|(&(i, start, n), t)| SeqInput {
+                tokens: &prompts[i][start..start + n],
+                start_pos: start,
+                block_table: t,
+                logits: LogitsRows::All,
+            })
+            .collect();
+        let logits = f.model.forward(&f.kernels, &batch, &mut cache).unwrap();
+        for (j, &(i, _, n)) in chunks.iter().enumerate() {
+            got[i].extend_from_slice(logits.seq(j));
+            done[i] += n;
+        }
+        step += 1;
+    }
+    for i in 0..prompts.len() {
+        assert_eq!(bits(&got[i]), bits(&want[i]), "sequence {i}");
+    }
+}
+
+#[test]
+fn thread_count_does_not_change_logits() {
+    let p = prompt(9, 21);
+    let one = alone(&fixture(Dtype::BF16, 1), &p);
+    let three = alone(&fixture(Dtype::BF16, 3), &p);
+    assert_eq!(bits(&one), bits(&three));
+}
+
+#[test]
+fn last_row_logits_equal_the_last_of_all_rows() {
+    let f = fixture(Dtype::F32, 2);
+    let p = prompt(3, 10);
+    let all = alone(&f, &p);
+    let mut cache = f.model.new_kv_cache(&f.kernels, 8, 4);
+    let table = [5u32, 2, 7];
+    let seq = SeqInput {
+        tokens: &p,
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsRows::Last,
+    };
+    let none = SeqInput {
+        tokens: &p[..2],
+        start_pos: 0,
+        block_table: &[0],
+        logits: LogitsRows::None,
+    };
+    let out = f.model.forward(&f.kernels, &[none, seq], &mut cache).unwrap();
+    assert!(out.last(0).is_none());
+    assert_eq!(bits(out.last(1).unwrap()), bits(&all[9 * VOCAB..]));
+}
+
+#[test]
+fn half_precision_weights_track_f32() {
+    let p = prompt(4, 12);
+    let f32_logits = alone(&fixture(Dtype::F32, 2), &p);
+    for dt in [Dtype::F16, Dtype::BF16] {
+        let l = alone(&fixture(dt, 2), &p);
+        let max = l
+            .iter()
+            .zip(&f32_logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        let tol = if dt == Dtype::F16 { 0.02 } else { 0.15 };
+        assert!(max < tol, "{dt:?}: max |Δ| {max}");
+        assert!(l.iter().all(|v| v.is_finite()));
+    }
+}
+
+#[test]
+fn malformed_batches_are_errors() {
+    let f = fixture(Dtype::F32, 1);
+    let mut cache = f.model.new_kv_cache(&f.kernels, 4, 4);
+    let cases: Vec<(SeqInput<'_>, &str)> = vec![
+        (
+            SeqInput {
+                tokens: &[VOCAB as u32],
+                start_pos: 0,
+                block_table: &[0],
+                logits: LogitsRows::Last,
+            },
+            "outside the vocabulary",
+        ),
+        (
+            SeqInput {
+                tokens: &[1; 5],
+                start_pos: 0,
+                block_table: &[0],
+                logits: LogitsRows::Last,
+            },
+            "covers fewer than 5",
+        ),
+        (
+            SeqInput {
+                tokens: &[1],
+                start_pos: 0,
+                block_table: &[9],
+                logits: LogitsRows::Last,
+            },
+            "outside the KV cache",
+        ),
+        (
+            SeqInput {
+                tokens: &[],
+                start_pos: 0,
+                block_table: &[0],
+                logits: LogitsRows::Last,
+            },
+            "no new tokens",
+        ),
+        (
+            SeqInput {
+                tokens: &[1],
+                start_pos: 256,
+                block_table: &[0; 65],
+                logits: LogitsRows::Last,
+            },
+            "max_position_embeddings",
+        ),
+    ];
+    for (seq, want) in cases {
+        match f.model.forward(&f.kernels, &[seq], &mut cache) {
+            Err(EngineError::Batch(m)) => assert!(m.contains(want), "{m} lacks {want}"),
+            other => panic!(
+                "expected a batch error containing {want:?}, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+}
