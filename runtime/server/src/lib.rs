@@ -6,13 +6,14 @@
 //! - [`fetch_cmd`]: the `fetch` command line.
 //! - [`metrics`]: the runtime's Prometheus metrics (DESIGN.md names) and their vLLM aliases.
 //! - [`tenants`]: API keys → tenant ids from the tenants file, reloaded on change (Secret rotation).
+//! - [`gen_model`]: `gen-model`, random-weight Llama-family models of real shapes in Hugging Face layout.
 //!
-//! The OpenAI-compatible server (`serve`), `gen-model` and `gen-adapter` arrive with the runtime, engine
-//! and LoRA issues.
+//! The OpenAI-compatible server (`serve`) and `gen-adapter` arrive with the runtime and LoRA issues.
 
 pub mod api;
 pub mod digest;
 pub mod fetch;
 pub mod fetch_cmd;
+pub mod gen_model;
 pub mod metrics;
 pub mod tenants;

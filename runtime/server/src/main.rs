@@ -1,6 +1,8 @@
 //! `modelfleet-runtime`: the runtime pod's binary. Subcommands:
 //! - `fetch --uri URI --digest sha256:HEX --dest DIR [--cache DIR]` fetches and verifies an artifact.
 //! - `digest PATH` prints the canonical digest of a model or adapter directory, or of one file.
+//! - `gen-model DIR --shape S --seed N [--dtype D] [--format safetensors|gguf]` writes a random-weight
+//!   model in Hugging Face layout (or one GGUF file).
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -23,11 +25,14 @@ enum Command {
         /// A directory (every regular file under it, hidden ones included) or a single file.
         path: PathBuf,
     },
+    /// Write a random-weight Llama-family model of a real shape in Hugging Face layout.
+    GenModel(modelfleet_runtime::gen_model::GenModelArgs),
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Fetch(args) => modelfleet_runtime::fetch_cmd::run(args),
+        Command::GenModel(args) => modelfleet_runtime::gen_model::run(args),
         Command::Digest { path } => match modelfleet_runtime::digest::digest_path(&path) {
             Ok(d) => {
                 println!("{d}");

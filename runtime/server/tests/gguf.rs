@@ -1,0 +1,190 @@
+//! GGUF models: `gen-model --format gguf` output against the same model in safetensors (same weights,
+//! Q/K permuted, adjacent-pair RoPE: the logits must agree), against candle's independent GGUF Llama
+//! (`quantized_llama`) in f32, Q8_0 and Q4_0, and malformed files reported with the file and key named.
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use candle_transformers::models::quantized_llama;
+use modelfleet_engine::ModelDir;
+use modelfleet_engine::kernels::cpu::CpuKernels;
+use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
+use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
+use modelfleet_engine::tokenizer::ChatMessage;
+use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
+use std::path::Path;
+
+fn generate(shape: Shape, dtype: GenDType, format: GenFormat) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    gen_model(
+        dir.path(),
+        &GenModelOptions {
+            shape,
+            seed: 11,
+            dtype,
+            format,
+        },
+    )
+    .unwrap();
+    dir
+}
+
+/// The chat prompt's tokens and the engine's logits at every position.
+fn engine_logits(md: &ModelDir) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let text = md
+        .chat_template
+        .as_ref()
+        .unwrap()
+        .render(
+            &[ChatMessage::new(
+                "user",
+                "Tell me a story about the stars, 42 times.",
+            )],
+            true,
+        )
+        .unwrap();
+    let prompt = md.tokenizer.encode(&text, false).unwrap();
+    let kernels = CpuKernels::new(0);
+    let model = LlamaModel::load(&kernels, md.config.clone(), &md.weights).unwrap();
+    let mut kv = KvCacheManager::new(FreeListPool::new(16), 16);
+    let mut cache = model.new_kv_cache(&kernels, 16, 16);
+    let table = kv.allocate_slots(0, 0, prompt.len()).unwrap().to_vec();
+    let seq = SeqInput {
+        tokens: &prompt,
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsRows::All,
+    };
+    let out = model.forward(&kernels, &[seq], &mut cache).unwrap();
+    let rows = out
+        .seq(0)
+        .chunks(md.config.vocab_size)
+        .map(<[f32]>::to_vec)
+        .collect();
+    (prompt, rows)
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+fn max_delta(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn f32_gguf_is_the_same_model_as_safetensors() {
+    for shape in [
+        Shape::Tiny,
+        Shape::TinyLlama3,
+        Shape::TinyMistral,
+        Shape::TinyQwen2,
+    ] {
+        let st = ModelDir::open(generate(shape, GenDType::F32, GenFormat::Safetensors).path()).unwrap();
+        let dir = generate(shape, GenDType::F32, GenFormat::Gguf);
+        let gg = ModelDir::open(dir.path()).unwrap();
+        assert_eq!(gg.config.rope_interleaved, shape != Shape::TinyQwen2, "{shape:?}");
+        assert!(st.eos_token_ids.contains(&gg.eos_token_ids[0]), "{shape:?}");
+        let (p1, l1) = engine_logits(&st);
+        let (p2, l2) = engine_logits(&gg);
+        assert_eq!(
+            p1, p2,
+            "{shape:?}: the GGUF tokenizer and template give the same prompt tokens"
+        );
+        for (pos, (a, b)) in l1.iter().zip(&l2).enumerate() {
+            assert!(
+                max_delta(a, b) < 1e-4,
+                "{shape:?} position {pos}: {}",
+                max_delta(a, b)
+            );
+            assert_eq!(argmax(a), argmax(b), "{shape:?} position {pos}");
+        }
+    }
+}
+
+/// candle's quantized Llama, one position at a time.
+fn candle_logits(file: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut f = std::fs::File::open(file).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let mut model = quantized_llama::ModelWeights::from_gguf(content, &mut f, &Device::Cpu).unwrap();
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(pos, &t)| {
+            let input = Tensor::new(&[t], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+            model
+                .forward(&input, pos)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn gguf_matches_candle_quantized_llama() {
+    for (shape, dtype, tol, min_top1) in [
+        (Shape::Tiny, GenDType::F32, 2e-2, 1.0),
+        (Shape::TinyMistral, GenDType::F32, 2e-2, 1.0),
+        (Shape::Tiny, GenDType::Q8_0, 0.15, 0.95),
+        (Shape::Tiny, GenDType::Q4_0, 0.5, 0.85),
+    ] {
+        let dir = generate(shape, dtype, GenFormat::Gguf);
+        let md = ModelDir::open(dir.path()).unwrap();
+        let (prompt, ours) = engine_logits(&md);
+        let theirs = candle_logits(&dir.path().join("model.gguf"), &prompt);
+        let worst = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| max_delta(a, b))
+            .fold(0.0, f32::max);
+        let same = ours
+            .iter()
+            .zip(&theirs)
+            .filter(|(a, b)| argmax(a) == argmax(b))
+            .count();
+        let frac = same as f64 / ours.len() as f64;
+        eprintln!(
+            "{shape:?} {dtype:?}: {} positions, max |Δlogit| {worst:.2e}, top-1 agreement {frac:.3}",
+            ours.len()
+        );
+        assert!(worst <= tol, "{shape:?} {dtype:?}: max |Δlogit| {worst}");
+        assert!(frac >= min_top1, "{shape:?} {dtype:?}: top-1 agreement {frac}");
+    }
+}
+
+#[test]
+fn malformed_gguf_files_name_the_file_and_the_problem() {
+    let dir = generate(Shape::Tiny, GenDType::Q8_0, GenFormat::Gguf);
+    let path = dir.path().join("model.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let check = |data: &[u8], want: &str| {
+        std::fs::write(&path, data).unwrap();
+        let e = ModelDir::open(dir.path()).err().expect("an error").to_string();
+        assert!(e.contains("model.gguf") && e.contains(want), "{e} lacks {want}");
+    };
+    check(&bytes[..bytes.len() / 2], "runs past the end of the file");
+    check(&bytes[..300], "truncated or corrupt GGUF");
+    check(b"GGML0000", "bad magic");
+    let mut other = bytes.clone();
+    let at = bytes.windows(5).position(|w| w == b"llama").unwrap();
+    other[at..at + 5].copy_from_slice(b"gpt-x");
+    check(&other, "general.architecture");
+    let mut spm = bytes.clone();
+    let key = bytes
+        .windows(20)
+        .position(|w| w == b"tokenizer.ggml.model")
+        .unwrap();
+    let at = key + bytes[key..].windows(4).position(|w| w == b"gpt2").unwrap();
+    spm[at..at + 4].copy_from_slice(b"bert");
+    check(&spm, "`tokenizer.ggml.model` \"bert\" is not supported");
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::write(dir.path().join("second.gguf"), &bytes).unwrap();
+    let e = ModelDir::open(dir.path()).err().expect("two files").to_string();
+    assert!(e.contains("holds 2 .gguf files"), "{e}");
+    assert!(
+        ModelDir::open(&path).is_ok(),
+        "a file path names the model directly"
+    );
+}

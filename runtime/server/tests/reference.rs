@@ -1,0 +1,221 @@
+//! The engine against an independent implementation: `candle-transformers`' Llama, Mistral and Qwen2
+//! models (written by Hugging Face, not here) on each architecture's `gen-model` output.
+//!
+//! For each tiny shape: the engine prefills a chat prompt and greedily generates 64 tokens; candle then
+//! runs the same token sequence one position at a time. At every position the logits must agree within
+//! 2e-2 and have the same top-1 token — which, by induction over positions, means candle's own greedy
+//! continuation is the same 64 tokens. The engine's generation also goes through `Sequence` (sampling
+//! params, processors, stop checks) to show the serving path picks the same tokens.
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::{llama, mistral, qwen2};
+use modelfleet_engine::ModelDir;
+use modelfleet_engine::kernels::cpu::CpuKernels;
+use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
+use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
+use modelfleet_engine::sampling::SamplingParams;
+use modelfleet_engine::sequence::Sequence;
+use modelfleet_engine::tokenizer::ChatMessage;
+use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
+use std::path::Path;
+
+const GENERATE: usize = 64;
+const TOLERANCE: f32 = 2e-2;
+
+/// A candle model that returns the logits of the one token it is given.
+enum Reference {
+    Llama(llama::Llama, llama::Cache),
+    Mistral(mistral::Model),
+    Qwen2(qwen2::ModelForCausalLM),
+}
+
+impl Reference {
+    fn load(dir: &Path, shape: Shape) -> Reference {
+        let dev = Device::Cpu;
+        let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        // SAFETY: the file was just written by this test and is not modified while mapped.
+        let vb = unsafe {
+            VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &dev)
+        }
+        .unwrap();
+        match shape {
+            Shape::TinyMistral => {
+                let cfg: mistral::Config = serde_json::from_str(&config).unwrap();
+                Reference::Mistral(mistral::Model::new(&cfg, vb).unwrap())
+            }
+            Shape::TinyQwen2 => {
+                let cfg: qwen2::Config = serde_json::from_str(&config).unwrap();
+                Reference::Qwen2(qwen2::ModelForCausalLM::new(&cfg, vb).unwrap())
+            }
+            _ => {
+                let cfg: llama::LlamaConfig = serde_json::from_str(&config).unwrap();
+                let cfg = cfg.into_config(false);
+                let cache = llama::Cache::new(true, DType::F32, &cfg, &dev).unwrap();
+                Reference::Llama(llama::Llama::load(vb, &cfg).unwrap(), cache)
+            }
+        }
+    }
+
+    fn step(&mut self, token: u32, pos: usize) -> Vec<f32> {
+        let input = Tensor::new(&[token], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let out = match self {
+            Reference::Llama(m, cache) => m.forward(&input, pos, cache).unwrap(),
+            Reference::Mistral(m) => m.forward(&input, pos).unwrap(),
+            Reference::Qwen2(m) => m.forward(&input, pos).unwrap(),
+        };
+        out.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn check_shape(shape: Shape, dtype: GenDType) {
+    let dir = tempfile::tempdir().unwrap();
+    gen_model(
+        dir.path(),
+        &GenModelOptions {
+            shape,
+            seed: 7,
+            dtype,
+            format: GenFormat::Safetensors,
+        },
+    )
+    .unwrap();
+    let md = ModelDir::open(dir.path()).unwrap();
+    let template = md.chat_template.as_ref().unwrap();
+    let text = template
+        .render(
+            &[ChatMessage::new(
+                "user",
+                "What is the weather like in the city today?",
+            )],
+            true,
+        )
+        .unwrap();
+    let prompt = md.tokenizer.encode(&text, false).unwrap();
+    assert!(prompt.len() > 10, "{shape:?}: prompt of {} tokens", prompt.len());
+
+    // Engine: prefill with all logits, then greedy decode.
+    let kernels = CpuKernels::new(0);
+    let model = LlamaModel::load(&kernels, md.config.clone(), &md.weights).unwrap();
+    let vocab = md.config.vocab_size;
+    let mut kv = KvCacheManager::new(FreeListPool::new(32), 16);
+    let mut cache = model.new_kv_cache(&kernels, 32, 16);
+    let table = kv.allocate_slots(1, 0, prompt.len()).unwrap().to_vec();
+    let seq = SeqInput {
+        tokens: &prompt,
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsRows::All,
+    };
+    let out = model.forward(&kernels, &[seq], &mut cache).unwrap();
+    let mut engine_logits: Vec<Vec<f32>> = out.seq(0).chunks(vocab).map(<[f32]>::to_vec).collect();
+    let mut tokens = prompt.clone();
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(GENERATE)
+    }
+    .validate(vocab)
+    .unwrap();
+    let mut sequence = Sequence::new(
+        &prompt,
+        params,
+        &md.eos_token_ids,
+        md.config.max_position_embeddings,
+    );
+    for i in 0..GENERATE {
+        let last = engine_logits.last().unwrap();
+        let next = argmax(last);
+        let event = sequence.step(&md.tokenizer, last).unwrap();
+        assert_eq!(event.token, next, "{shape:?}: Sequence's greedy pick at step {i}");
+        tokens.push(next);
+        if i + 1 == GENERATE {
+            assert_eq!(event.finish.map(|f| f.as_str()), Some("length"));
+            break;
+        }
+        let pos = tokens.len() - 1;
+        let table = kv.allocate_slots(1, pos, 1).unwrap().to_vec();
+        let seq = SeqInput {
+            tokens: &tokens[pos..],
+            start_pos: pos,
+            block_table: &table,
+            logits: LogitsRows::Last,
+        };
+        engine_logits.push(
+            model
+                .forward(&kernels, &[seq], &mut cache)
+                .unwrap()
+                .last(0)
+                .unwrap()
+                .to_vec(),
+        );
+    }
+    let distinct: std::collections::HashSet<_> = tokens[prompt.len()..].iter().collect();
+    assert!(
+        distinct.len() > 4,
+        "{shape:?}: degenerate continuation {:?}",
+        &tokens[prompt.len()..]
+    );
+
+    // Reference: the same sequence, one position at a time.
+    let mut reference = Reference::load(dir.path(), shape);
+    let mut worst = 0.0f32;
+    for (pos, engine) in engine_logits.iter().enumerate() {
+        let theirs = reference.step(tokens[pos], pos);
+        assert_eq!(theirs.len(), vocab);
+        let delta = engine
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        worst = worst.max(delta);
+        assert!(
+            delta <= TOLERANCE,
+            "{shape:?} position {pos}: max |Δlogit| {delta}"
+        );
+        assert_eq!(
+            argmax(engine),
+            argmax(&theirs),
+            "{shape:?} position {pos}: top-1 differs"
+        );
+    }
+    eprintln!(
+        "{shape:?} {dtype:?}: {} positions, max |Δlogit| {worst:e}",
+        engine_logits.len()
+    );
+}
+
+#[test]
+fn tiny_llama_matches_candle() {
+    check_shape(Shape::Tiny, GenDType::F32);
+}
+
+#[test]
+fn tiny_llama3_rope_scaling_matches_candle() {
+    check_shape(Shape::TinyLlama3, GenDType::F32);
+}
+
+#[test]
+fn tiny_mistral_matches_candle() {
+    check_shape(Shape::TinyMistral, GenDType::F32);
+}
+
+#[test]
+fn tiny_qwen2_with_bias_matches_candle() {
+    check_shape(Shape::TinyQwen2, GenDType::F32);
+}
+
+#[test]
+fn f16_and_bf16_weights_match_candle() {
+    check_shape(Shape::Tiny, GenDType::F16);
+    check_shape(Shape::TinyQwen2, GenDType::Bf16);
+}
