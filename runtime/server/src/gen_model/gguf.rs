@@ -170,7 +170,7 @@ pub(crate) fn write_gguf(
         (k("rope.dimension_count"), u(hd)),
         (k("vocab_size"), u(shape.vocab)),
         ("tokenizer.ggml.model".into(), GgufValue::Str("gpt2".into())),
-        ("tokenizer.ggml.pre".into(), GgufValue::Str("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), GgufValue::Str("gpt-2".into())),
         (
             "tokenizer.ggml.tokens".into(),
             GgufValue::Array(tokens.into_iter().map(GgufValue::Str).collect()),
