@@ -18,5 +18,8 @@ trap cleanup EXIT
 
 e2e/cluster up
 eval "$(e2e/cluster env)"
-# --workspace keeps the feature set of `cargo test --workspace`, so nothing is rebuilt; only e2e has ignored tests.
-cargo test --workspace --tests -- --ignored --test-threads=4
+# --workspace keeps the feature set of `cargo test --workspace`, so nothing is rebuilt; the e2e scenarios
+# are the ignored tests of e2e/tests/*.rs.
+targets=()
+for f in e2e/tests/*.rs; do targets+=(--test "$(basename "$f" .rs)"); done
+cargo test --workspace "${targets[@]}" -- --ignored --test-threads=4
