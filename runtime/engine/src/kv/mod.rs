@@ -2,17 +2,26 @@
 //! block tables) for slots; the manager takes blocks from a [`BlockPool`] (block level); the model reads
 //! and writes the [`KvCache`] storage through the block tables.
 //!
-//! Invariants: a block id is owned by at most one request's table at a time (until the next issue adds
-//! shared prefix blocks with reference counts); `free + allocated == total` in the pool at all times;
-//! a request's table always covers every token the model has been asked to compute for it.
+//! Invariants: with [`FreeListPool`] a block id is owned by at most one request's table at a time; with
+//! [`PrefixCachingPool`] full blocks may be shared by reference count and stay cached (evictable, LRU) at
+//! zero references, and `free uncached + in use + cached == total` at all times; a cached block is only
+//! found through a [`hash`] chain that includes the tenant scope (and adapter digest and cache salt), so
+//! no request sees another scope's block; a request's table always covers every token the model has been
+//! asked to compute for it.
 //!
-//! This issue ships the minimal [`FreeListPool`]; Engine II replaces it with the prefix-caching pool
-//! (hashing, LRU eviction) behind the same [`BlockPool`] trait.
+//! Block pools: the minimal [`FreeListPool`] (what the manager uses today) and the prefix-caching
+//! [`PrefixCachingPool`] (Engine II; the manager's prefix lookup and block registration come with the
+//! scheduler).
 
 mod block_pool;
 mod cache;
+mod free_queue;
+pub mod hash;
 mod manager;
+mod prefix_pool;
 
 pub use block_pool::{BlockId, BlockPool, FreeListPool};
 pub use cache::KvCache;
+pub use hash::{BlockHash, HashExtras, TokenId, hash_block, hash_full_blocks};
 pub use manager::{KvCacheManager, RequestId};
+pub use prefix_pool::PrefixCachingPool;
