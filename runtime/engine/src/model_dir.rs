@@ -46,14 +46,7 @@ impl ModelDir {
         let tokenizer = Tokenizer::from_file(&path.join("tokenizer.json"))?;
         let tk_config = TokenizerConfig::from_file(&path.join("tokenizer_config.json"))?;
         let generation = GenerationConfig::from_file(&path.join("generation_config.json"))?;
-        let chat_template = match &tk_config.chat_template {
-            Some(src) => Some(ChatTemplate::new(
-                src,
-                tk_config.bos_token.as_deref(),
-                tk_config.eos_token.as_deref(),
-            )?),
-            None => None,
-        };
+        let chat_template = chat_template_of(&tk_config)?;
         let mut eos_token_ids = Vec::new();
         let from_tokenizer = tk_config
             .eos_token
@@ -89,14 +82,7 @@ impl ModelDir {
         let config = crate::model::gguf_model::config(&g)?;
         let weights = crate::model::gguf_model::weights(&g);
         let (tokenizer, tk_config, eos_token_ids) = crate::tokenizer::gguf::from_gguf(&g)?;
-        let chat_template = match &tk_config.chat_template {
-            Some(src) => Some(ChatTemplate::new(
-                src,
-                tk_config.bos_token.as_deref(),
-                tk_config.eos_token.as_deref(),
-            )?),
-            None => None,
-        };
+        let chat_template = chat_template_of(&tk_config)?;
         Ok(Self {
             path: path.to_path_buf(),
             config,
@@ -136,4 +122,19 @@ fn gguf_file(path: &Path) -> Result<Option<std::path::PathBuf>> {
             message: format!("holds {n} .gguf files and no config.json; name the file to serve"),
         }),
     }
+}
+
+/// The chat template of a tokenizer config, compiled with its BOS/EOS tokens (None when it has none).
+fn chat_template_of(tk_config: &TokenizerConfig) -> Result<Option<ChatTemplate>> {
+    tk_config
+        .chat_template
+        .as_deref()
+        .map(|src| {
+            ChatTemplate::new(
+                src,
+                tk_config.bos_token.as_deref(),
+                tk_config.eos_token.as_deref(),
+            )
+        })
+        .transpose()
 }
