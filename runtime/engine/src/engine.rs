@@ -13,6 +13,7 @@ use crate::model::{LlamaModel, Logits, SeqInput};
 use modelfleet_kernels::Kernels;
 use modelfleet_kernels::cpu::CpuKernels;
 use std::path::Path;
+use std::sync::Arc;
 
 /// How to load an engine (vLLM's flag names where vLLM has one).
 #[derive(Clone, Debug)]
@@ -43,8 +44,9 @@ impl Default for EngineConfig {
 
 /// A model ready to run.
 pub struct Engine<K: Kernels = CpuKernels> {
-    /// Config, tokenizer, chat template and EOS ids of the model.
-    pub model_dir: ModelDir,
+    /// Config, tokenizer, chat template and EOS ids of the model (shared with the HTTP side, which
+    /// tokenizes and renders templates without touching the step loop).
+    pub model_dir: Arc<ModelDir>,
     kernels: K,
     model: LlamaModel<K>,
     cache: KvCache<K>,
@@ -83,7 +85,7 @@ impl<K: Kernels> Engine<K> {
         let model = LlamaModel::load(&kernels, model_dir.config.clone(), &model_dir.weights)?;
         let cache = model.new_kv_cache(&kernels, blocks, cfg.block_size);
         Ok(Self {
-            model_dir,
+            model_dir: Arc::new(model_dir),
             kernels,
             model,
             cache,

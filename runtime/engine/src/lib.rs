@@ -30,6 +30,7 @@ pub mod kv;
 pub mod model;
 mod model_dir;
 pub mod sampling;
+pub mod sched;
 pub mod sequence;
 pub mod stop;
 pub mod tokenizer;

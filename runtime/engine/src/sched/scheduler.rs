@@ -1,0 +1,620 @@
+//! The scheduler (vLLM v1's single algorithm, no prefill/decode phases): each step it grants tokens
+//! under `max_num_batched_tokens` and `max_num_seqs` — running requests first, in admission order,
+//! then waiting ones in fair order — allocating KV blocks only for the tokens it grants. A request whose
+//! prompt does not fit the remaining budget gets a smaller grant (chunked prefill).
+//!
+//! When a running request cannot get a block, another is preempted by recompute: its blocks are freed
+//! (its full blocks stay in the prefix cache, so re-prefill mostly hits), and it goes back to its
+//! tenant's queue keeping its place, its sampler state and its output so far. The victim is the
+//! tenant of the newest running request, and within that tenant the worst priority, then the newest —
+//! so one tenant's priorities never preempt another's; a victim already granted tokens this step gives
+//! them back.
+//! No new request is admitted in a step that preempted.
+//!
+//! A waiting request that cannot be placed (not enough blocks) is skipped with the rest of its
+//! tenant's queue for this step (its tenant's order is kept); other tenants are still admitted.
+//!
+//! Invariants (checked by `check_invariants` in the randomized test):
+//! - every live request is either waiting (in the fair queue, no blocks) or running (a block table
+//!   covering `num_computed` tokens, at most one partly filled block) — never both;
+//! - `free uncached + in use + cached == total` blocks, and blocks in use are exactly those in tables;
+//! - a request's blocks are freed, and its admission counts released, in the step it ends;
+//! - each live request gets exactly one `Finished` event, and nothing after it.
+
+use super::admission::AdmissionGate;
+use super::fair_queue::{FairQueue, QueueKey};
+use super::request::{EventSender, Finished, Request, RequestEvent, Submitted, Timings, TokenOut, Usage};
+use crate::kv::{BlockHash, BlockPool, HashExtras, KvCacheManager, PrefixCachingPool, RequestId, hash_block};
+use crate::model::{Logits, LogitsRows, SeqInput};
+use crate::sequence::Sequence;
+use crate::stop::FinishReason;
+use crate::tokenizer::Tokenizer;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Scheduler limits (vLLM's flag names).
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerConfig {
+    /// Most requests in one batch (`--max-num-seqs`).
+    pub max_num_seqs: usize,
+    /// Most tokens computed in one step (`--max-num-batched-tokens`).
+    pub max_num_batched_tokens: usize,
+    /// Reuse cached full blocks (`--enable-prefix-caching`).
+    pub enable_prefix_caching: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            enable_prefix_caching: true,
+        }
+    }
+}
+
+/// One request's part of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    /// Which request.
+    pub id: RequestId,
+    /// Tokens of it already in the KV cache.
+    pub start: usize,
+    /// Tokens granted this step.
+    pub len: usize,
+    /// Whether this grant reaches its last token (so a token is sampled).
+    pub sample: bool,
+}
+
+/// What one step computes.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// In batch order.
+    pub seqs: Vec<ScheduledSeq>,
+}
+
+impl Batch {
+    /// Whether nothing was scheduled.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Tokens computed by the step.
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.len).sum()
+    }
+}
+
+/// Counters since start (for metrics and benchmarks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedCounters {
+    /// Tokens looked up in the prefix cache on admission.
+    pub prefix_query_tokens: u64,
+    /// Of those, tokens found.
+    pub prefix_hit_tokens: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+}
+
+struct Entry {
+    tenant: String,
+    scope: String,
+    adapter: Option<String>,
+    salt: Option<String>,
+    key: QueueKey,
+    /// Prompt then output.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    num_computed: usize,
+    hashes: Vec<BlockHash>,
+    seq: Sequence,
+    events: EventSender,
+    running: bool,
+    started: bool,
+    cached_tokens: usize,
+    deadline: Option<Instant>,
+    timings: Timings,
+}
+
+impl Entry {
+    /// Extends the hash chain over every full block of `tokens`.
+    fn extend_hashes(&mut self, bs: usize) {
+        let extras = HashExtras {
+            scope: &self.scope,
+            adapter_digest: self.adapter.as_deref(),
+            cache_salt: self.salt.as_deref(),
+        };
+        while (self.hashes.len() + 1) * bs <= self.tokens.len() {
+            let i = self.hashes.len();
+            let h = hash_block(self.hashes.last(), &self.tokens[i * bs..(i + 1) * bs], &extras);
+            self.hashes.push(h);
+        }
+    }
+}
+
+/// Requests, their KV blocks and the fair queue; owned by the step loop.
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    kv: KvCacheManager<PrefixCachingPool>,
+    queue: FairQueue,
+    running: Vec<RequestId>,
+    entries: HashMap<RequestId, Entry>,
+    deadlines: BTreeSet<(Instant, RequestId)>,
+    gate: Arc<AdmissionGate>,
+    eos: Vec<u32>,
+    max_model_len: usize,
+    next_seq: u64,
+    counters: SchedCounters,
+}
+
+impl Scheduler {
+    /// A scheduler over `num_blocks` KV blocks of `block_size` tokens.
+    pub fn new(
+        cfg: SchedulerConfig,
+        num_blocks: usize,
+        block_size: usize,
+        max_model_len: usize,
+        eos: Vec<u32>,
+        gate: Arc<AdmissionGate>,
+    ) -> Self {
+        Self {
+            cfg,
+            kv: KvCacheManager::new(PrefixCachingPool::new(num_blocks), block_size),
+            queue: FairQueue::new(),
+            running: Vec::new(),
+            entries: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            gate,
+            eos,
+            max_model_len,
+            next_seq: 0,
+            counters: SchedCounters::default(),
+        }
+    }
+
+    /// Takes a request the gate has let in. A request that could never fit the KV pool, even alone,
+    /// ends at once with an error instead of cycling through preemption.
+    pub fn add(&mut self, s: Submitted) {
+        let Submitted {
+            id,
+            request: r,
+            events,
+        } = s;
+        let Request {
+            tenant,
+            cache_scope,
+            adapter_digest,
+            cache_salt,
+            priority,
+            prompt,
+            params,
+            arrival,
+            deadline,
+        } = r;
+        let prompt_len = prompt.len();
+        let most = prompt_len
+            .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
+            .min(self.max_model_len);
+        let capacity = self.kv.pool().num_blocks() * self.kv.block_size();
+        let seq = Sequence::new(&prompt, params, &self.eos, self.max_model_len);
+        self.next_seq += 1;
+        let key = QueueKey {
+            priority,
+            seq: self.next_seq,
+        };
+        let entry = Entry {
+            tenant,
+            scope: cache_scope,
+            adapter: adapter_digest,
+            salt: cache_salt,
+            key,
+            tokens: prompt,
+            prompt_len,
+            num_computed: 0,
+            hashes: Vec::new(),
+            seq,
+            events,
+            running: false,
+            started: false,
+            cached_tokens: 0,
+            deadline,
+            timings: Timings {
+                arrival,
+                first_scheduled: None,
+                first_token: None,
+                finished: arrival,
+                preemptions: 0,
+            },
+        };
+        let tenant = entry.tenant.clone();
+        self.queue.push(&tenant, key, id, prompt_len);
+        if let Some(d) = deadline {
+            self.deadlines.insert((d, id));
+        }
+        self.entries.insert(id, entry);
+        if prompt_len == 0 || most > capacity {
+            let message = if prompt_len == 0 {
+                "the prompt is empty".to_owned()
+            } else {
+                format!("prompt + max_tokens ({most} tokens) exceeds the KV cache ({capacity} tokens)")
+            };
+            self.finish(id, FinishReason::Error, String::new(), Some(message));
+        }
+    }
+
+    /// Ends `id` (waiting or running) with `reason`, e.g. the client went away; unknown ids are ignored.
+    pub fn abort(&mut self, id: RequestId, reason: FinishReason, message: Option<String>, tok: &Tokenizer) {
+        self.end_early(id, reason, message, tok);
+    }
+
+    /// Ends every request with `reason` (shutdown).
+    pub fn abort_all(&mut self, reason: FinishReason, message: &str, tok: &Tokenizer) {
+        let ids: Vec<RequestId> = self.entries.keys().copied().collect();
+        for id in ids {
+            self.end_early(id, reason, Some(message.to_owned()), tok);
+        }
+    }
+
+    /// Ends a request from outside the sampler, flushing the text it held back.
+    fn end_early(&mut self, id: RequestId, reason: FinishReason, message: Option<String>, tok: &Tokenizer) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        // A detokenizer error here only loses the held-back tail; the request still ends cleanly.
+        let tail = e.seq.abort(tok, reason).unwrap_or_default();
+        self.finish(id, reason, tail, message);
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.entries.is_empty()
+    }
+
+    /// Requests waiting.
+    pub fn num_waiting(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Requests running.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// The KV-cache manager (block counts).
+    pub fn kv(&self) -> &KvCacheManager<PrefixCachingPool> {
+        &self.kv
+    }
+
+    /// Counters since start.
+    pub fn counters(&self) -> SchedCounters {
+        self.counters
+    }
+
+    /// Token slots allocated to running requests that hold no token yet (at most one partly filled
+    /// block per request, since nothing is reserved ahead).
+    pub fn kv_slots_unused(&self) -> usize {
+        let bs = self.kv.block_size();
+        self.running
+            .iter()
+            .map(|id| {
+                let held = self.kv.block_table(*id).len() * bs;
+                held - self.entries[id].num_computed.min(held)
+            })
+            .sum()
+    }
+
+    /// The earliest pending deadline, so an idle loop knows when to wake up.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|(d, _)| *d)
+    }
+
+    /// Ends requests whose deadline passed.
+    fn expire(&mut self, now: Instant, tok: &Tokenizer) {
+        while let Some(&(d, id)) = self.deadlines.first() {
+            if d > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let message = match self.entries.get(&id) {
+                Some(e) if e.tokens.len() > e.prompt_len => format!(
+                    "the request's deadline passed after {} generated tokens",
+                    e.tokens.len() - e.prompt_len
+                ),
+                Some(_) => "the request's deadline passed before its first token".to_owned(),
+                None => continue,
+            };
+            self.end_early(id, FinishReason::Timeout, Some(message), tok);
+        }
+    }
+
+    /// Picks the preemption victim: the tenant of the newest running request gives one up, by its
+    /// own order — worst priority, then newest.
+    fn victim(&self) -> usize {
+        let newest = self
+            .running
+            .iter()
+            .max_by_key(|id| self.entries[*id].key.seq)
+            .expect("a running request");
+        let tenant = &self.entries[newest].tenant;
+        let (i, _) = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| &self.entries[*id].tenant == tenant)
+            .max_by_key(|(_, id)| {
+                let k = self.entries[*id].key;
+                (k.priority, k.seq)
+            })
+            .expect("the newest request's tenant has one");
+        i
+    }
+
+    /// Frees `running[idx]`'s blocks and puts it back in its tenant's queue.
+    fn preempt(&mut self, idx: usize) {
+        let id = self.running.remove(idx);
+        self.kv.free(id);
+        let e = self.entries.get_mut(&id).expect("running entry");
+        e.running = false;
+        e.num_computed = 0;
+        e.timings.preemptions += 1;
+        self.queue.left_batch(&e.tenant);
+        self.queue.push(&e.tenant, e.key, id, e.tokens.len());
+        self.counters.preemptions += 1;
+    }
+
+    /// Chooses this step's batch.
+    pub fn schedule(&mut self, now: Instant, tok: &Tokenizer) -> Batch {
+        self.expire(now, tok);
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut batch = Batch::default();
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let e = &self.entries[&id];
+            let (start, total) = (e.num_computed, e.tokens.len());
+            let n = (total - start).min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            if self.kv.allocate_slots(id, start, n).is_ok() {
+                let tenant = self.entries[&id].tenant.clone();
+                self.queue.charge(&tenant, n);
+                batch.seqs.push(ScheduledSeq {
+                    id,
+                    start,
+                    len: n,
+                    sample: start + n == total,
+                });
+                budget -= n;
+                i += 1;
+                continue;
+            }
+            preempted = true;
+            let v = self.victim();
+            let vid = self.running[v];
+            // A victim already granted tokens this step gives them back.
+            if let Some(pos) = batch.seqs.iter().position(|s| s.id == vid) {
+                let s = batch.seqs.remove(pos);
+                budget += s.len;
+                let tenant = self.entries[&vid].tenant.clone();
+                self.queue.refund(&tenant, s.len);
+            }
+            self.preempt(v);
+            if v < i {
+                i -= 1;
+            }
+            // If the victim was this request, `running[i]` is now the next one.
+        }
+        if !preempted {
+            self.admit_waiting(now, &mut budget, &mut batch);
+        }
+        batch
+    }
+
+    /// Admits waiting requests in fair order while budget, sequence slots and blocks allow.
+    fn admit_waiting(&mut self, now: Instant, budget: &mut usize, batch: &mut Batch) {
+        let bs = self.kv.block_size();
+        let mut skip: Vec<String> = Vec::new();
+        while *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some((tenant, key, id)) = self.queue.peek(&skip) else {
+                break;
+            };
+            let tenant = tenant.to_owned();
+            let caching = self.cfg.enable_prefix_caching;
+            let e = self.entries.get_mut(&id).expect("queued entry");
+            let total = e.tokens.len();
+            let mut prefix = Vec::new();
+            if caching {
+                e.extend_hashes(bs);
+                prefix = self.kv.cached_prefix(&e.hashes);
+                // At least the last token is computed again: its logits give the next token.
+                while prefix.len() * bs >= total {
+                    prefix.pop();
+                }
+            }
+            let computed = prefix.len() * bs;
+            let n = (total - computed).min(*budget);
+            if self.kv.allocate_with_prefix(id, &prefix, n).is_err() {
+                skip.push(tenant);
+                continue;
+            }
+            let e = self.entries.get_mut(&id).expect("queued entry");
+            if !e.started {
+                e.started = true;
+                e.cached_tokens = computed;
+                e.timings.first_scheduled = Some(now);
+                self.gate.started(&tenant, e.prompt_len);
+            }
+            e.running = true;
+            e.num_computed = computed;
+            self.counters.prefix_query_tokens += total as u64;
+            self.counters.prefix_hit_tokens += computed as u64;
+            self.queue.admit(&tenant, key);
+            self.queue.charge(&tenant, n);
+            self.running.push(id);
+            batch.seqs.push(ScheduledSeq {
+                id,
+                start: computed,
+                len: n,
+                sample: computed + n == total,
+            });
+            *budget -= n;
+        }
+    }
+
+    /// The model's inputs for `batch` (borrowing the requests' tokens and block tables).
+    pub fn inputs(&self, batch: &Batch) -> Vec<SeqInput<'_>> {
+        batch
+            .seqs
+            .iter()
+            .map(|s| SeqInput {
+                tokens: &self.entries[&s.id].tokens[s.start..s.start + s.len],
+                start_pos: s.start,
+                block_table: self.kv.block_table(s.id),
+                logits: if s.sample {
+                    LogitsRows::Last
+                } else {
+                    LogitsRows::None
+                },
+            })
+            .collect()
+    }
+
+    /// Applies a step's results: advances computed counts, registers newly full blocks, samples a
+    /// token for each request whose grant reached its end, and sends the events.
+    pub fn update(&mut self, batch: &Batch, logits: &Logits, tokenizer: &Tokenizer) {
+        let bs = self.kv.block_size();
+        let now = Instant::now();
+        for (k, s) in batch.seqs.iter().enumerate() {
+            let Some(e) = self.entries.get_mut(&s.id) else {
+                continue;
+            };
+            e.num_computed = s.start + s.len;
+            if self.cfg.enable_prefix_caching {
+                e.extend_hashes(bs);
+                let full = (e.num_computed / bs).min(e.hashes.len());
+                self.kv.cache_full_blocks(s.id, &e.hashes[..full]);
+            }
+            if !s.sample {
+                continue;
+            }
+            let Some(row) = logits.last(k) else {
+                self.finish(
+                    s.id,
+                    FinishReason::Error,
+                    String::new(),
+                    Some("the model returned no logits".into()),
+                );
+                continue;
+            };
+            match e.seq.step(tokenizer, row) {
+                Ok(ev) => {
+                    e.tokens.push(ev.token);
+                    e.timings.first_token.get_or_insert(now);
+                    let sent = e.events.send(RequestEvent::Token(TokenOut {
+                        token: ev.token,
+                        text: ev.text,
+                        logprobs: ev.logprobs,
+                    }));
+                    if sent.is_err() {
+                        // The caller is gone: free its blocks now.
+                        self.finish(s.id, FinishReason::Cancelled, String::new(), None);
+                    } else if let Some(reason) = ev.finish {
+                        self.finish(s.id, reason, String::new(), None);
+                    }
+                }
+                Err(err) => self.finish(s.id, FinishReason::Error, String::new(), Some(err.to_string())),
+            }
+        }
+    }
+
+    /// Ends every request of a batch whose forward pass failed.
+    pub fn fail(&mut self, batch: &Batch, message: &str, tok: &Tokenizer) {
+        for s in &batch.seqs {
+            self.end_early(s.id, FinishReason::Error, Some(message.to_owned()), tok);
+        }
+    }
+
+    /// Removes `id` everywhere, frees its blocks, releases its admission counts and sends `Finished`.
+    fn finish(&mut self, id: RequestId, reason: FinishReason, text: String, message: Option<String>) {
+        let Some(e) = self.entries.remove(&id) else {
+            return;
+        };
+        if e.running {
+            self.running.retain(|r| *r != id);
+            self.queue.left_batch(&e.tenant);
+        } else {
+            self.queue.remove(&e.tenant, e.key);
+        }
+        self.kv.free(id);
+        if let Some(d) = e.deadline {
+            self.deadlines.remove(&(d, id));
+        }
+        self.gate.left(&e.tenant, e.prompt_len, !e.started);
+        self.queue.gc();
+        let mut timings = e.timings;
+        timings.finished = Instant::now();
+        let _ = e.events.send(RequestEvent::Finished(Finished {
+            reason,
+            text,
+            usage: Usage {
+                prompt_tokens: e.prompt_len,
+                cached_tokens: e.cached_tokens,
+                completion_tokens: e.tokens.len() - e.prompt_len,
+            },
+            timings,
+            message,
+        }));
+    }
+
+    /// Checks the module's invariants, walking everything (tests only).
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        let bs = self.kv.block_size();
+        let pool = self.kv.pool();
+        pool.check_invariants();
+        assert_eq!(self.queue.len() + self.running.len(), self.entries.len());
+        assert_eq!(self.kv.num_tables(), self.running.len());
+        let mut holders: HashMap<u32, u32> = HashMap::new();
+        for (id, e) in &self.entries {
+            let table = self.kv.block_table(*id);
+            assert_eq!(e.running, self.running.contains(id), "request {id} state");
+            if e.running {
+                assert_eq!(table.len(), e.num_computed.div_ceil(bs), "request {id}'s table");
+            } else {
+                assert!(table.is_empty(), "waiting request {id} holds blocks");
+            }
+            for b in table {
+                *holders.entry(*b).or_default() += 1;
+            }
+        }
+        assert_eq!(
+            holders.len(),
+            pool.num_in_use(),
+            "blocks in use vs blocks in tables"
+        );
+        // Scope isolation: a block in a request's table that carries a hash carries this request's
+        // own hash for that position — whose chain includes its scope, adapter and salt.
+        for id in &self.running {
+            let e = &self.entries[id];
+            for (i, b) in self.kv.block_table(*id).iter().enumerate() {
+                if let Some(h) = pool.block_hash(*b) {
+                    assert_eq!(
+                        Some(&h),
+                        e.hashes.get(i),
+                        "request {id} block {i} is another chain's"
+                    );
+                }
+            }
+        }
+        for (b, n) in holders {
+            assert_eq!(pool.ref_count(b), n, "block {b}'s ref count");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,336 @@
+//! The step loop: one thread owns the [`Engine`] and the [`Scheduler`]; callers hold an
+//! [`EngineHandle`] and talk to the loop through a command channel, each request receiving its own
+//! stream of [`RequestEvent`]s.
+//!
+//! Each iteration: take every pending command (new requests, aborts), schedule, run the model on the
+//! batch, sample and send events, publish [`Stats`]. When nothing is waiting or running the loop
+//! sleeps on the channel (waking for the next deadline).
+//!
+//! Invariants: a [`RequestStream`] dropped before its `Finished` event aborts its request, so a client
+//! that disconnects frees its KV blocks within one step; a request refused by the admission gate never
+//! reaches the loop; after [`EngineHandle::shutdown`] every request still live gets `Finished` with
+//! `cancelled` and the thread exits.
+
+use super::admission::{AdmissionGate, QueueLimits, Rejection, TenantLimits};
+use super::request::{EventReceiver, Request, RequestEvent, Submitted};
+use super::scheduler::{SchedCounters, Scheduler, SchedulerConfig};
+use crate::engine::Engine;
+use crate::error::{EngineError, Result};
+use crate::kv::{BlockPool, RequestId};
+use crate::model_dir::ModelDir;
+use crate::stop::FinishReason;
+use modelfleet_kernels::Kernels;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+enum Command {
+    Submit(Box<Submitted>),
+    Abort(RequestId),
+    Shutdown,
+}
+
+/// What the loop publishes after every step (for `/metrics`, autoscaling and benchmarks).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// Requests waiting.
+    pub waiting: usize,
+    /// Requests running.
+    pub running: usize,
+    /// KV blocks in the pool.
+    pub kv_blocks_total: usize,
+    /// KV blocks referenced by live requests.
+    pub kv_blocks_in_use: usize,
+    /// KV blocks nobody holds that keep a cached prefix.
+    pub kv_blocks_cached: usize,
+    /// Token slots allocated to running requests that hold no token (now, and the peak).
+    pub kv_slots_unused: usize,
+    /// Peak of `kv_slots_unused`.
+    pub kv_slots_unused_peak: usize,
+    /// Prefix-cache and preemption counters.
+    pub counters: SchedCounters,
+    /// Steps run.
+    pub steps: u64,
+    /// Tokens computed by all steps.
+    pub step_tokens: u64,
+    /// Seconds spent in the model (forward + sampling).
+    pub model_seconds: f64,
+    /// Seconds spent scheduling and building batches.
+    pub schedule_seconds: f64,
+}
+
+impl Stats {
+    /// KV usage as the metric defines it: blocks held by live requests ÷ total.
+    pub fn kv_usage(&self) -> f64 {
+        self.kv_blocks_in_use as f64 / self.kv_blocks_total.max(1) as f64
+    }
+}
+
+/// A request's events; dropping it before the end aborts the request.
+pub struct RequestStream {
+    /// The loop's id for the request.
+    pub id: RequestId,
+    rx: EventReceiver,
+    tx: Sender<Command>,
+    done: bool,
+}
+
+impl RequestStream {
+    /// The next event; `None` after `Finished` (or if the loop is gone).
+    pub async fn next(&mut self) -> Option<RequestEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        self.observe(ev)
+    }
+
+    /// [`next`](Self::next) for callers outside an async runtime (benchmarks, tests).
+    pub fn blocking_next(&mut self) -> Option<RequestEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.blocking_recv();
+        self.observe(ev)
+    }
+
+    fn observe(&mut self, ev: Option<RequestEvent>) -> Option<RequestEvent> {
+        if matches!(ev, None | Some(RequestEvent::Finished(_))) {
+            self.done = true;
+        }
+        ev
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.tx.send(Command::Abort(self.id));
+        }
+    }
+}
+
+/// The callers' side of a running engine.
+pub struct EngineHandle {
+    tx: Mutex<Sender<Command>>,
+    gate: Arc<AdmissionGate>,
+    stats: Arc<Mutex<Stats>>,
+    next_id: AtomicU64,
+    model_dir: Arc<ModelDir>,
+    max_model_len: usize,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl EngineHandle {
+    /// Starts the loop on its own thread, loading the engine there with `load` (the engine never
+    /// crosses threads); returns once it is loaded, or with the load error.
+    pub fn start<K, F>(load: F, cfg: SchedulerConfig, limits: QueueLimits) -> Result<Self>
+    where
+        K: Kernels + 'static,
+        F: FnOnce() -> Result<Engine<K>> + Send + 'static,
+    {
+        let (tx, rx) = channel();
+        let (ready_tx, ready_rx) = channel();
+        let gate = Arc::new(AdmissionGate::new(limits));
+        let stats = Arc::new(Mutex::new(Stats::default()));
+        let (g, st) = (gate.clone(), stats.clone());
+        let thread = std::thread::Builder::new()
+            .name("modelfleet-step-loop".into())
+            .spawn(move || {
+                let engine = match load() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok((engine.model_dir.clone(), engine.max_model_len())));
+                run(engine, cfg, g, st, rx);
+            })
+            .map_err(|e| EngineError::Batch(format!("cannot start the step loop thread: {e}")))?;
+        let (model_dir, max_model_len) = ready_rx
+            .recv()
+            .map_err(|_| EngineError::Batch("the step loop thread died while loading".into()))??;
+        Ok(Self {
+            tx: Mutex::new(tx),
+            gate,
+            stats,
+            next_id: AtomicU64::new(1),
+            model_dir,
+            max_model_len,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    fn sender(&self) -> Sender<Command> {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Submits a request if the admission gate lets it in (429-style refusal otherwise).
+    pub fn submit(
+        &self,
+        request: Request,
+        quota: TenantLimits,
+    ) -> std::result::Result<RequestStream, Rejection> {
+        self.gate
+            .try_enter(&request.tenant, request.prompt.len(), quota)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx = self.sender();
+        let (tenant, tokens) = (request.tenant.clone(), request.prompt.len());
+        if tx
+            .send(Command::Submit(Box::new(Submitted { id, request, events })))
+            .is_err()
+        {
+            self.gate.left(&tenant, tokens, true);
+            return Err(Rejection::ShuttingDown);
+        }
+        Ok(RequestStream {
+            id,
+            rx,
+            tx,
+            done: false,
+        })
+    }
+
+    /// Aborts a request (it ends with `cancelled`).
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.sender().send(Command::Abort(id));
+    }
+
+    /// The latest published stats.
+    pub fn stats(&self) -> Stats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The admission gate (queue depth, closing for drain).
+    pub fn gate(&self) -> &AdmissionGate {
+        &self.gate
+    }
+
+    /// The model's tokenizer, template and config, for the HTTP side.
+    pub fn model_dir(&self) -> &Arc<ModelDir> {
+        &self.model_dir
+    }
+
+    /// The context limit in force.
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    /// Refuses new requests, cancels every live one, and waits for the loop to exit.
+    pub fn shutdown(&self) {
+        self.gate.close();
+        let _ = self.sender().send(Command::Shutdown);
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// How long an idle loop sleeps at most before looking at deadlines again.
+const IDLE_WAIT: Duration = Duration::from_millis(200);
+
+fn run<K: Kernels>(
+    mut engine: Engine<K>,
+    cfg: SchedulerConfig,
+    gate: Arc<AdmissionGate>,
+    stats: Arc<Mutex<Stats>>,
+    rx: Receiver<Command>,
+) {
+    let md = engine.model_dir.clone();
+    let tok = &md.tokenizer;
+    let mut sched = Scheduler::new(
+        cfg,
+        engine.num_kv_blocks(),
+        engine.block_size(),
+        engine.max_model_len(),
+        md.eos_token_ids.clone(),
+        gate,
+    );
+    let mut local = Stats::default();
+    loop {
+        // Wait for work when there is none; otherwise take whatever arrived, without blocking.
+        let mut first = None;
+        if !sched.has_work() {
+            let wait = sched
+                .next_deadline()
+                .map_or(IDLE_WAIT, |d| d.saturating_duration_since(Instant::now()))
+                .min(IDLE_WAIT);
+            match rx.recv_timeout(wait) {
+                Ok(c) => first = Some(c),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        let mut pending: Vec<Command> = first.into_iter().collect();
+        loop {
+            match rx.try_recv() {
+                Ok(c) => pending.push(c),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    pending.push(Command::Shutdown);
+                    break;
+                }
+            }
+        }
+        for c in pending {
+            match c {
+                Command::Submit(s) => sched.add(*s),
+                Command::Abort(id) => sched.abort(id, FinishReason::Cancelled, None, tok),
+                Command::Shutdown => {
+                    sched.abort_all(FinishReason::Cancelled, "the server is shutting down", tok);
+                    publish(&sched, &mut local, &stats);
+                    return;
+                }
+            }
+        }
+        let t0 = Instant::now();
+        let batch = sched.schedule(t0, tok);
+        if batch.is_empty() {
+            publish(&sched, &mut local, &stats);
+            if sched.has_work() {
+                // Work that cannot be placed right now (should not happen: requests that can never
+                // fit are refused on arrival); do not spin.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            continue;
+        }
+        let inputs = sched.inputs(&batch);
+        let t1 = Instant::now();
+        let result = engine.step(&inputs);
+        drop(inputs);
+        match result {
+            Ok(logits) => sched.update(&batch, &logits, tok),
+            Err(e) => sched.fail(&batch, &format!("model step failed: {e}"), tok),
+        }
+        let t2 = Instant::now();
+        local.steps += 1;
+        local.step_tokens += batch.num_tokens() as u64;
+        local.schedule_seconds += (t1 - t0).as_secs_f64();
+        local.model_seconds += (t2 - t1).as_secs_f64();
+        publish(&sched, &mut local, &stats);
+    }
+}
+
+fn publish(sched: &Scheduler, local: &mut Stats, out: &Mutex<Stats>) {
+    let pool = sched.kv().pool();
+    local.waiting = sched.num_waiting();
+    local.running = sched.num_running();
+    local.kv_blocks_total = pool.num_blocks();
+    local.kv_blocks_in_use = pool.num_in_use();
+    local.kv_blocks_cached = pool.num_cached();
+    local.kv_slots_unused = sched.kv_slots_unused();
+    local.kv_slots_unused_peak = local.kv_slots_unused_peak.max(local.kv_slots_unused);
+    local.counters = sched.counters();
+    *out.lock().unwrap_or_else(|e| e.into_inner()) = *local;
+}
