@@ -74,7 +74,7 @@ pub fn run(args: FetchArgs) -> ExitCode {
     }
 }
 
-fn write_termination_log(explicit: Option<&Path>, line: &str) {
+pub(crate) fn write_termination_log(explicit: Option<&Path>, line: &str) {
     let (path, create) = match explicit {
         Some(p) => (p, true),
         None => (Path::new(DEFAULT_TERMINATION_LOG), false),

@@ -8,7 +8,9 @@
 //! - [`tenants`]: API keys → tenant ids from the tenants file, reloaded on change (Secret rotation).
 //! - [`gen_model`]: `gen-model`, random-weight Llama-family models of real shapes in Hugging Face layout.
 //!
-//! The OpenAI-compatible server (`serve`) and `gen-adapter` arrive with the runtime and LoRA issues.
+//! - [`serve`]: `serve`, the OpenAI-compatible server around the engine, and its admin listener.
+//!
+//! `gen-adapter` arrives with the LoRA issue.
 
 pub mod api;
 pub mod digest;
@@ -16,4 +18,5 @@ pub mod fetch;
 pub mod fetch_cmd;
 pub mod gen_model;
 pub mod metrics;
+pub mod serve;
 pub mod tenants;

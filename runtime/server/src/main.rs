@@ -18,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Serve the OpenAI-compatible API for one model.
+    Serve(Box<modelfleet_runtime::serve::ServeArgs>),
     /// Download or copy an artifact, verify its canonical digest, and only then put it into DEST.
     Fetch(modelfleet_runtime::fetch_cmd::FetchArgs),
     /// Print the canonical digest (`sha256:…`) of a model or adapter directory, or of one file.
@@ -31,6 +33,7 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::Serve(args) => modelfleet_runtime::serve::run(*args),
         Command::Fetch(args) => modelfleet_runtime::fetch_cmd::run(args),
         Command::GenModel(args) => modelfleet_runtime::gen_model::run(args),
         Command::Digest { path } => match modelfleet_runtime::digest::digest_path(&path) {

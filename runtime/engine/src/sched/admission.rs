@@ -114,6 +114,22 @@ impl AdmissionGate {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A cheap early refusal before any parsing or tokenizing: the gate is closed, or the request
+    /// queue is already full (a burst is then answered without spending work on it).
+    pub fn precheck(&self) -> Result<(), Rejection> {
+        let c = self.lock();
+        if c.closed {
+            return Err(Rejection::ShuttingDown);
+        }
+        if c.queued_requests >= self.limits.max_queued_requests {
+            return Err(Rejection::QueueFull {
+                limit: "max-num-queued-reqs",
+                value: self.limits.max_queued_requests,
+            });
+        }
+        Ok(())
+    }
+
     /// Counts a new request of `tenant` with `tokens` prompt tokens as waiting, or says why not.
     pub fn try_enter(&self, tenant: &str, tokens: usize, quota: TenantLimits) -> Result<(), Rejection> {
         let mut c = self.lock();

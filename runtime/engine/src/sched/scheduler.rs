@@ -133,8 +133,13 @@ impl Entry {
     }
 }
 
+/// Called in the step loop for every request that ends, with its tenant — so usage and metrics are
+/// recorded even when nobody is listening any more (a client that hung up).
+pub type FinishHook = std::sync::Arc<dyn Fn(&str, &Finished) + Send + Sync>;
+
 /// Requests, their KV blocks and the fair queue; owned by the step loop.
 pub struct Scheduler {
+    hook: Option<FinishHook>,
     cfg: SchedulerConfig,
     kv: KvCacheManager<PrefixCachingPool>,
     queue: FairQueue,
@@ -159,6 +164,7 @@ impl Scheduler {
         gate: Arc<AdmissionGate>,
     ) -> Self {
         Self {
+            hook: None,
             cfg,
             kv: KvCacheManager::new(PrefixCachingPool::new(num_blocks), block_size),
             queue: FairQueue::new(),
@@ -171,6 +177,11 @@ impl Scheduler {
             next_seq: 0,
             counters: SchedCounters::default(),
         }
+    }
+
+    /// Sets the hook called for every finished request.
+    pub fn set_finish_hook(&mut self, hook: Option<FinishHook>) {
+        self.hook = hook;
     }
 
     /// Takes a request the gate has let in. A request that could never fit the KV pool, even alone,
@@ -557,7 +568,7 @@ impl Scheduler {
         self.queue.gc();
         let mut timings = e.timings;
         timings.finished = Instant::now();
-        let _ = e.events.send(RequestEvent::Finished(Finished {
+        let finished = Finished {
             reason,
             text,
             usage: Usage {
@@ -567,7 +578,11 @@ impl Scheduler {
             },
             timings,
             message,
-        }));
+        };
+        if let Some(hook) = &self.hook {
+            hook(&e.tenant, &finished);
+        }
+        let _ = e.events.send(RequestEvent::Finished(finished));
     }
 
     /// Checks the module's invariants, walking everything (tests only).

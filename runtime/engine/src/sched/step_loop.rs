@@ -13,7 +13,7 @@
 
 use super::admission::{AdmissionGate, QueueLimits, Rejection, TenantLimits};
 use super::request::{EventReceiver, Request, RequestEvent, Submitted};
-use super::scheduler::{SchedCounters, Scheduler, SchedulerConfig};
+use super::scheduler::{FinishHook, SchedCounters, Scheduler, SchedulerConfig};
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::kv::{BlockPool, RequestId};
@@ -131,6 +131,20 @@ impl EngineHandle {
         K: Kernels + 'static,
         F: FnOnce() -> Result<Engine<K>> + Send + 'static,
     {
+        Self::start_with_hook(load, cfg, limits, None)
+    }
+
+    /// [`start`](Self::start), with a hook called in the loop for every request that ends.
+    pub fn start_with_hook<K, F>(
+        load: F,
+        cfg: SchedulerConfig,
+        limits: QueueLimits,
+        hook: Option<FinishHook>,
+    ) -> Result<Self>
+    where
+        K: Kernels + 'static,
+        F: FnOnce() -> Result<Engine<K>> + Send + 'static,
+    {
         let (tx, rx) = channel();
         let (ready_tx, ready_rx) = channel();
         let gate = Arc::new(AdmissionGate::new(limits));
@@ -147,7 +161,7 @@ impl EngineHandle {
                     }
                 };
                 let _ = ready_tx.send(Ok((engine.model_dir.clone(), engine.max_model_len())));
-                run(engine, cfg, g, st, rx);
+                run(engine, cfg, g, st, rx, hook);
             })
             .map_err(|e| EngineError::Batch(format!("cannot start the step loop thread: {e}")))?;
         let (model_dir, max_model_len) = ready_rx
@@ -246,6 +260,7 @@ fn run<K: Kernels>(
     gate: Arc<AdmissionGate>,
     stats: Arc<Mutex<Stats>>,
     rx: Receiver<Command>,
+    hook: Option<FinishHook>,
 ) {
     let md = engine.model_dir.clone();
     let tok = &md.tokenizer;
@@ -257,6 +272,7 @@ fn run<K: Kernels>(
         md.eos_token_ids.clone(),
         gate,
     );
+    sched.set_finish_hook(hook);
     let mut local = Stats::default();
     loop {
         // Wait for work when there is none; otherwise take whatever arrived, without blocking.

@@ -141,6 +141,26 @@ impl ApiError {
     }
 }
 
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        let status = axum::http::StatusCode::from_u16(self.status())
+            .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = (
+            status,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            self.body(),
+        )
+            .into_response();
+        if let Some(secs) = self.retry_after() {
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

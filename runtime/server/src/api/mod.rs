@@ -3,4 +3,5 @@
 //! server issue.
 
 pub mod error;
+pub mod response;
 pub mod wire;

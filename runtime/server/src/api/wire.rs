@@ -35,7 +35,7 @@ pub const NOT_SUPPORTED_YET: &[&str] = &[
 ];
 
 /// `stop`: one string or several.
-#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[derive(Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq)]
 #[serde(untagged)]
 pub enum Stop {
     /// A single stop string.
@@ -55,7 +55,7 @@ impl Stop {
 }
 
 /// `stream_options`.
-#[derive(Deserialize, Clone, Debug, Default, PartialEq)]
+#[derive(Deserialize, schemars::JsonSchema, Clone, Debug, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     /// Send a final chunk with `usage`.
@@ -64,7 +64,7 @@ pub struct StreamOptions {
 }
 
 /// One part of a message's content; only text is supported.
-#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[derive(Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ContentPart {
     /// Must be `text`.
@@ -76,7 +76,7 @@ pub struct ContentPart {
 }
 
 /// A message's content: a string, or a list of text parts.
-#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[derive(Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq)]
 #[serde(untagged)]
 pub enum MessageContent {
     /// Plain text.
@@ -86,7 +86,7 @@ pub enum MessageContent {
 }
 
 /// One chat message.
-#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[derive(Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     /// `system`, `developer`, `user` or `assistant`.
@@ -100,7 +100,7 @@ pub struct ChatMessage {
 }
 
 /// Sampling and stopping fields shared by both endpoints.
-#[derive(Deserialize, Clone, Debug, Default, PartialEq)]
+#[derive(Deserialize, schemars::JsonSchema, Clone, Debug, Default, PartialEq)]
 pub struct Sampling {
     /// 0 = greedy.
     pub temperature: Option<f32>,
@@ -178,7 +178,7 @@ const SAMPLING_FIELDS: &[&str] = &[
 ];
 
 /// `POST /v1/chat/completions`.
-#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[derive(Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq)]
 pub struct ChatCompletionRequest {
     /// Served model or adapter name.
     pub model: String,
@@ -210,7 +210,7 @@ const CHAT_FIELDS: &[&str] = &[
 ];
 
 /// A completions prompt: text, texts, token ids, or lists of token ids.
-#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[derive(Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq)]
 #[serde(untagged)]
 pub enum Prompt {
     /// One text.
@@ -224,7 +224,7 @@ pub enum Prompt {
 }
 
 /// `POST /v1/completions`.
-#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[derive(Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq)]
 pub struct CompletionRequest {
     /// Served model or adapter name.
     pub model: String,

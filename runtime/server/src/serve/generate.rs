@@ -1,0 +1,268 @@
+//! Submitting a request's choices to the engine and turning their event streams into an OpenAI
+//! answer: collected into one JSON body, or streamed as SSE chunks by a task that stops — dropping
+//! the engine streams, which aborts the requests — as soon as the client goes away.
+//!
+//! Invariants: a request refused by admission is answered 429 with `Retry-After` (503 when draining)
+//! before anything is generated, and none of its choices is left running; a timeout before the first
+//! token is a 504, after it the choice ends with `finish_reason: timeout`; a stream that fails after it
+//! started ends with an `error` event and `[DONE]`; every finished choice is counted in the metrics and
+//! logged as one JSON line (never with a key or prompt text).
+
+use super::state::AppState;
+use crate::api::error::{ApiError, ApiErrorKind};
+use crate::api::response::{PromptTokensDetails, UsageBody};
+use crate::metrics::RuntimeMetrics;
+use crate::tenants::Tenant;
+use futures::stream::{self, StreamExt};
+use modelfleet_engine::sampling::{SampleOutput, ValidSamplingParams};
+use modelfleet_engine::sched::{Finished, Rejection, Request, RequestEvent, RequestStream, TenantLimits};
+use modelfleet_engine::stop::FinishReason;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One choice to generate.
+pub struct ChoiceSpec {
+    /// Index in the response.
+    pub index: u32,
+    /// Which prompt it continues (for usage: each prompt counts once).
+    pub prompt_index: usize,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Its parameters (seed already varied per choice).
+    pub params: ValidSamplingParams,
+}
+
+/// What is common to a request's choices.
+pub struct JobSpec {
+    /// The authenticated tenant.
+    pub tenant: Arc<Tenant>,
+    /// Request priority (within the tenant).
+    pub priority: i32,
+    /// The caller's `cache_salt`.
+    pub cache_salt: Option<String>,
+    /// The request's `timeout`, seconds.
+    pub timeout: Option<f64>,
+    /// When the HTTP request arrived.
+    pub arrival: Instant,
+}
+
+/// A submitted choice.
+pub struct Running {
+    /// Index in the response.
+    pub index: u32,
+    /// Which prompt it continues.
+    pub prompt_index: usize,
+    /// The engine's events.
+    pub stream: RequestStream,
+}
+
+/// Submits every choice, or none: a refusal aborts those already submitted and becomes the answer.
+pub fn submit(st: &AppState, job: &JobSpec, choices: Vec<ChoiceSpec>) -> Result<Vec<Running>, ApiError> {
+    let quota = TenantLimits {
+        max_concurrent_requests: job.tenant.max_concurrent_requests.map(|v| v as usize),
+        max_queued_tokens: job.tenant.max_queued_tokens.map(|v| v as usize),
+    };
+    let timeout = job
+        .timeout
+        .unwrap_or(st.limits.max_timeout_secs)
+        .min(st.limits.max_timeout_secs);
+    let deadline = job.arrival + Duration::from_secs_f64(timeout.max(0.0));
+    let mut out = Vec::with_capacity(choices.len());
+    for c in choices {
+        let request = Request {
+            tenant: job.tenant.id.clone(),
+            cache_scope: st.cache_scope(&job.tenant),
+            adapter_digest: None,
+            cache_salt: job.cache_salt.clone(),
+            priority: job.priority,
+            prompt: c.prompt,
+            params: c.params,
+            arrival: job.arrival,
+            deadline: Some(deadline),
+        };
+        match st.engine.submit(request, quota) {
+            Ok(stream) => out.push(Running {
+                index: c.index,
+                prompt_index: c.prompt_index,
+                stream,
+            }),
+            Err(r) => {
+                st.metrics
+                    .requests_rejected
+                    .with_label_values(&[&st.served_name, &job.tenant.id, r.label()])
+                    .inc();
+                return Err(rejection_error(&r));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The HTTP answer to an admission refusal.
+pub fn rejection_error(r: &Rejection) -> ApiError {
+    match r {
+        Rejection::ShuttingDown => ApiError::new(ApiErrorKind::Unavailable, r.to_string()),
+        _ => ApiError {
+            code: Some(r.label().into()),
+            ..ApiError::new(ApiErrorKind::RateLimited { retry_after_secs: 1 }, r.to_string())
+        },
+    }
+}
+
+/// A choice's output so far.
+#[derive(Default)]
+pub struct ChoiceOut {
+    /// Generated text.
+    pub text: String,
+    /// Generated token ids.
+    pub tokens: Vec<u32>,
+    /// Per-token logprobs, when asked for.
+    pub logprobs: Vec<SampleOutput>,
+    /// How it ended.
+    pub finished: Option<Finished>,
+    last_token: Option<Instant>,
+}
+
+impl ChoiceOut {
+    /// Applies one event; returns the text it adds.
+    pub fn apply(&mut self, st: &AppState, tenant: &str, ev: &RequestEvent) -> String {
+        match ev {
+            RequestEvent::Token(t) => {
+                let now = Instant::now();
+                if let Some(prev) = self.last_token {
+                    st.metrics
+                        .inter_token_latency
+                        .with_label_values(&[&st.served_name, tenant])
+                        .observe((now - prev).as_secs_f64());
+                }
+                self.last_token = Some(now);
+                self.tokens.push(t.token);
+                if let Some(lp) = &t.logprobs {
+                    self.logprobs.push(lp.clone());
+                }
+                self.text.push_str(&t.text);
+                t.text.clone()
+            }
+            RequestEvent::Finished(f) => {
+                self.text.push_str(&f.text);
+                self.finished = Some(f.clone());
+                f.text.clone()
+            }
+        }
+    }
+
+    /// The API's `finish_reason`.
+    pub fn finish_reason(&self) -> String {
+        self.finished
+            .as_ref()
+            .map_or(FinishReason::Error, |f| f.reason)
+            .as_str()
+            .to_owned()
+    }
+}
+
+/// The error for a choice that ended before producing anything, if it did.
+pub fn early_failure(f: &Finished) -> Option<ApiError> {
+    if f.usage.completion_tokens > 0 {
+        return None;
+    }
+    let message = f.message.clone().unwrap_or_else(|| f.reason.as_str().into());
+    match f.reason {
+        FinishReason::Timeout => Some(ApiError::new(ApiErrorKind::Timeout, message)),
+        FinishReason::Error => Some(ApiError::new(ApiErrorKind::Internal, message)),
+        FinishReason::Cancelled => Some(ApiError::new(ApiErrorKind::Unavailable, message)),
+        FinishReason::Stop | FinishReason::Length => None,
+    }
+}
+
+/// Counts a finished request and writes its usage line (the engine's finish hook: it runs for every
+/// request, also those whose client is gone).
+pub fn record(metrics: &RuntimeMetrics, model: &str, tenant: &str, f: &Finished) {
+    let m = metrics;
+    let l = [model, tenant];
+    let u = f.usage;
+    m.requests
+        .with_label_values(&[model, tenant, f.reason.as_str()])
+        .inc();
+    m.prompt_tokens
+        .with_label_values(&l)
+        .inc_by(u.prompt_tokens as u64);
+    m.cached_prompt_tokens
+        .with_label_values(&l)
+        .inc_by(u.cached_tokens as u64);
+    m.prefix_cache_queries
+        .with_label_values(&l)
+        .inc_by(u.prompt_tokens as u64);
+    m.prefix_cache_hits
+        .with_label_values(&l)
+        .inc_by(u.cached_tokens as u64);
+    m.generation_tokens
+        .with_label_values(&l)
+        .inc_by(u.completion_tokens as u64);
+    let t = f.timings;
+    let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+    m.request_latency
+        .with_label_values(&l)
+        .observe(secs(t.arrival, t.finished));
+    if let Some(s) = t.first_scheduled {
+        m.queue_time.with_label_values(&l).observe(secs(t.arrival, s));
+    }
+    if let Some(ft) = t.first_token {
+        m.time_to_first_token
+            .with_label_values(&l)
+            .observe(secs(t.arrival, ft));
+    }
+    let line = serde_json::json!({
+        "event": "request_finished",
+        "model": model,
+        "tenant": tenant,
+        "finish_reason": f.reason.as_str(),
+        "prompt_tokens": u.prompt_tokens,
+        "cached_tokens": u.cached_tokens,
+        "completion_tokens": u.completion_tokens,
+        "queue_seconds": t.first_scheduled.map(|s| secs(t.arrival, s)),
+        "ttft_seconds": t.first_token.map(|s| secs(t.arrival, s)),
+        "latency_seconds": secs(t.arrival, t.finished),
+        "preemptions": t.preemptions,
+    });
+    println!("{line}");
+}
+
+/// Usage over all choices: each prompt counted once (with its first choice's cache hits).
+pub fn usage<'a>(choices: impl Iterator<Item = (usize, u32, &'a ChoiceOut)>) -> UsageBody {
+    let mut u = UsageBody::default();
+    let mut seen = std::collections::HashSet::new();
+    for (prompt_index, _, c) in choices {
+        let Some(f) = &c.finished else { continue };
+        if seen.insert(prompt_index) {
+            u.prompt_tokens += f.usage.prompt_tokens;
+            u.prompt_tokens_details = PromptTokensDetails {
+                cached_tokens: u.prompt_tokens_details.cached_tokens + f.usage.cached_tokens,
+            };
+        }
+        u.completion_tokens += f.usage.completion_tokens;
+    }
+    u.total_tokens = u.prompt_tokens + u.completion_tokens;
+    u
+}
+
+/// Every choice's events merged, tagged with the choice's position in `running`.
+pub fn merged(running: Vec<Running>) -> stream::BoxStream<'static, (usize, RequestEvent)> {
+    let streams = running.into_iter().enumerate().map(|(i, r)| {
+        stream::unfold(r.stream, move |mut s| async move {
+            s.next().await.map(|ev| ((i, ev), s))
+        })
+        .boxed()
+    });
+    stream::select_all(streams).boxed()
+}
+
+/// Runs every choice to its end (non-streaming answers).
+pub async fn collect(st: &AppState, tenant: &str, running: Vec<Running>) -> Vec<ChoiceOut> {
+    let mut outs: Vec<ChoiceOut> = running.iter().map(|_| ChoiceOut::default()).collect();
+    let mut events = merged(running);
+    while let Some((i, ev)) = events.next().await {
+        outs[i].apply(st, tenant, &ev);
+    }
+    outs
+}

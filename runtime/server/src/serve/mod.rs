@@ -1,0 +1,308 @@
+//! `modelfleet-runtime serve`: the OpenAI-compatible server around the engine (DESIGN.md, "Runtime
+//! HTTP API"), and its admin listener.
+//!
+//! Start-up: verify the model's canonical digest against `--digest` (refuse to serve on a mismatch,
+//! with a termination message), load the engine on its step-loop thread, then listen. SIGTERM (or
+//! SIGINT): `/ready` turns 503 and new requests get 503 at once; in-flight requests get
+//! `--shutdown-grace-seconds` to finish, then whatever is left is cancelled and the process exits 0.
+
+mod admin;
+mod generate;
+mod openai;
+pub mod openapi;
+pub mod params;
+mod routes;
+pub mod state;
+
+use crate::tenants::{self, Auth};
+use anyhow::{Context, bail};
+use modelfleet_engine::sched::{EngineHandle, FinishHook, QueueLimits, SchedulerConfig};
+use modelfleet_engine::{Engine, EngineConfig};
+use params::RequestLimits;
+use state::{AppState, CacheScope};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// `serve` flags; each can also come from `MODELFLEET_<FLAG_IN_CAPS>`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// A Hugging Face model directory, a `.gguf` file, or a directory holding exactly one.
+    #[arg(long, env = "MODELFLEET_MODEL")]
+    pub model: PathBuf,
+    /// Refuse to serve unless the model's canonical digest is this (`sha256:…`).
+    #[arg(long, env = "MODELFLEET_DIGEST")]
+    pub digest: Option<String>,
+    /// The name clients put in `model` (default: the model path's last component).
+    #[arg(long, env = "MODELFLEET_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+    /// Address to bind (default: `$POD_IP` if set, else 127.0.0.1).
+    #[arg(long, env = "MODELFLEET_HOST")]
+    pub host: Option<String>,
+    /// API port.
+    #[arg(long, env = "MODELFLEET_PORT", default_value_t = 8000)]
+    pub port: u16,
+    /// Admin API port (adapters), with its own token.
+    #[arg(long, env = "MODELFLEET_ADMIN_PORT", default_value_t = 8001)]
+    pub admin_port: u16,
+    /// File holding the admin bearer token; without it the admin API refuses everything.
+    #[arg(long, env = "MODELFLEET_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Tenants file (API keys → tenants); without it the server is single-tenant ("default").
+    #[arg(long, env = "MODELFLEET_TENANTS")]
+    pub tenants: Option<PathBuf>,
+    /// Compute threads (0 = one per core).
+    #[arg(long, env = "MODELFLEET_THREADS", default_value_t = 0)]
+    pub threads: usize,
+    /// Context limit (default: the model's).
+    #[arg(long, env = "MODELFLEET_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+    /// Most sequences in one batch.
+    #[arg(long, env = "MODELFLEET_MAX_NUM_SEQS", default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Most tokens computed in one step.
+    #[arg(long, env = "MODELFLEET_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Most requests waiting; more get 429.
+    #[arg(long, env = "MODELFLEET_MAX_NUM_QUEUED_REQS", default_value_t = 256)]
+    pub max_num_queued_reqs: usize,
+    /// Most prompt tokens waiting; more get 429.
+    #[arg(long, env = "MODELFLEET_MAX_NUM_QUEUED_TOKENS", default_value_t = 262_144)]
+    pub max_num_queued_tokens: usize,
+    /// Tokens per KV block.
+    #[arg(long, env = "MODELFLEET_BLOCK_SIZE", default_value_t = 16)]
+    pub block_size: usize,
+    /// KV blocks (default: enough for `--max-num-seqs` sequences of 2,048 tokens or the context, if
+    /// shorter).
+    #[arg(long, env = "MODELFLEET_NUM_KV_BLOCKS")]
+    pub num_kv_blocks: Option<usize>,
+    /// Reuse cached prompt prefixes.
+    #[arg(
+        long,
+        env = "MODELFLEET_ENABLE_PREFIX_CACHING",
+        overrides_with = "no_enable_prefix_caching"
+    )]
+    pub enable_prefix_caching: bool,
+    /// Do not reuse cached prompt prefixes.
+    #[arg(long, env = "MODELFLEET_NO_ENABLE_PREFIX_CACHING")]
+    pub no_enable_prefix_caching: bool,
+    /// Who may share cached prefixes: each tenant alone, or the whole deployment.
+    #[arg(
+        long,
+        env = "MODELFLEET_PREFIX_CACHE_SCOPE",
+        value_enum,
+        default_value = "tenant"
+    )]
+    pub prefix_cache_scope: CacheScope,
+    /// Most LoRA adapters in one batch (multi-LoRA is not built yet; accepted for the operator).
+    #[arg(long, env = "MODELFLEET_MAX_LORAS")]
+    pub max_loras: Option<usize>,
+    /// Most LoRA adapters kept in memory (not built yet; accepted).
+    #[arg(long, env = "MODELFLEET_MAX_CPU_LORAS")]
+    pub max_cpu_loras: Option<usize>,
+    /// Largest LoRA rank (not built yet; accepted).
+    #[arg(long, env = "MODELFLEET_MAX_LORA_RANK")]
+    pub max_lora_rank: Option<usize>,
+    /// Longest request `timeout`, seconds (also the default).
+    #[arg(long, env = "MODELFLEET_MAX_REQUEST_TIMEOUT", default_value_t = 600.0)]
+    pub max_request_timeout: f64,
+    /// Largest request body, bytes.
+    #[arg(long, env = "MODELFLEET_MAX_BODY_BYTES", default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    #[arg(long, env = "MODELFLEET_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
+    pub shutdown_grace_seconds: u64,
+    /// Where a start-up failure's one-line reason goes (written only if the file exists, as in a pod,
+    /// unless the flag is given explicitly).
+    #[arg(long, env = "MODELFLEET_TERMINATION_LOG")]
+    pub termination_log: Option<PathBuf>,
+}
+
+/// Runs the server until SIGTERM; start-up failures exit non-zero with a termination message.
+pub fn run(args: ServeArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("serve: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args.clone())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let line = format!("{e:#}");
+            eprintln!("serve: {line}");
+            crate::fetch_cmd::write_termination_log(args.termination_log.as_deref(), &line);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn served_name(args: &ServeArgs) -> String {
+    args.served_model_name.clone().unwrap_or_else(|| {
+        args.model
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+            .unwrap_or_else(|| "model".into())
+    })
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if let Some(want) = &args.digest {
+        let path = args.model.clone();
+        let got = tokio::task::spawn_blocking(move || crate::digest::digest_path(&path))
+            .await?
+            .with_context(|| format!("digest of {}", args.model.display()))?;
+        if &got != want {
+            bail!(
+                "digest mismatch: {} has {got}, expected {want}; refusing to serve",
+                args.model.display()
+            );
+        }
+        eprintln!("serve: {} verified ({got})", args.model.display());
+    }
+    let auth = match &args.tenants {
+        Some(path) => {
+            let table = tenants::load(path).with_context(|| format!("tenants file {}", path.display()))?;
+            tenants::spawn_reloader(path.clone(), table.clone(), Duration::from_secs(2));
+            Auth::Keys(table)
+        }
+        None => {
+            eprintln!("serve: no --tenants file: single-tenant mode, every request is tenant \"default\"");
+            Auth::single_tenant()
+        }
+    };
+    let admin_token = match &args.admin_token_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("admin token file {}", p.display()))?
+                .trim()
+                .to_owned(),
+        )
+        .filter(|t| !t.is_empty()),
+        None => None,
+    };
+    // Default pool: `--max-num-seqs` sequences of up to 2,048 tokens (or the context, if shorter);
+    // KV is allocated as tokens arrive, so this bounds memory, not what one request may use.
+    let per_seq = args.max_model_len.unwrap_or(2048).min(2048);
+    let engine_cfg = EngineConfig {
+        threads: args.threads,
+        block_size: args.block_size,
+        num_kv_blocks: Some(
+            args.num_kv_blocks
+                .unwrap_or(args.max_num_seqs.max(1) * per_seq.div_ceil(args.block_size.max(1))),
+        ),
+        max_model_len: args.max_model_len,
+        max_num_seqs: args.max_num_seqs,
+    };
+    let sched = SchedulerConfig {
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        enable_prefix_caching: !args.no_enable_prefix_caching,
+    };
+    let queue = QueueLimits {
+        max_queued_requests: args.max_num_queued_reqs,
+        max_queued_tokens: args.max_num_queued_tokens,
+    };
+    let path = args.model.clone();
+    let metrics = Arc::new(crate::metrics::RuntimeMetrics::default());
+    let name = served_name(&args);
+    let (m, n) = (metrics.clone(), name.clone());
+    let hook: FinishHook = Arc::new(move |tenant, f| generate::record(&m, &n, tenant, f));
+    let engine = tokio::task::spawn_blocking(move || {
+        EngineHandle::start_with_hook(move || Engine::load(&path, &engine_cfg), sched, queue, Some(hook))
+    })
+    .await?
+    .with_context(|| format!("loading {}", args.model.display()))?;
+    let st = Arc::new(AppState {
+        engine: Arc::new(engine),
+        auth,
+        metrics,
+        served_name: name,
+        limits: RequestLimits {
+            max_timeout_secs: args.max_request_timeout,
+            ..RequestLimits::default()
+        },
+        scope: args.prefix_cache_scope,
+        draining: Default::default(),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    let host = args
+        .host
+        .clone()
+        .or_else(|| std::env::var("POD_IP").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let addr: SocketAddr = format!("{host}:{}", args.port)
+        .parse()
+        .with_context(|| format!("--host {host}"))?;
+    let admin_addr = SocketAddr::new(addr.ip(), args.admin_port);
+    let api = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let admin = tokio::net::TcpListener::bind(admin_addr)
+        .await
+        .with_context(|| format!("binding the admin port {admin_addr}"))?;
+    eprintln!(
+        "serve: `{}` on http://{addr} (admin http://{admin_addr}); {}",
+        st.served_name,
+        st.engine.model_dir().path.display()
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let app = routes::router(st.clone(), args.max_body_bytes);
+    let admin_app = admin::router(st.clone(), admin_token);
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let api_task = tokio::spawn(
+        axum::serve(api, app)
+            .with_graceful_shutdown(wait(stop_rx.clone()))
+            .into_future(),
+    );
+    let admin_task = tokio::spawn(
+        axum::serve(admin, admin_app)
+            .with_graceful_shutdown(wait(stop_rx))
+            .into_future(),
+    );
+    shutdown_signal().await;
+    eprintln!("serve: shutting down: refusing new requests, draining in-flight ones");
+    st.draining.store(true, Ordering::SeqCst);
+    st.engine.gate().close();
+    let grace = Duration::from_secs(args.shutdown_grace_seconds);
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < grace {
+        let s = st.engine.stats();
+        if s.running == 0 && s.waiting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Whatever is left is cancelled (streams end with `finish_reason: cancelled`).
+    let engine = st.engine.clone();
+    tokio::task::spawn_blocking(move || engine.shutdown()).await?;
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = api_task.await;
+        let _ = admin_task.await;
+    })
+    .await;
+    eprintln!("serve: stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

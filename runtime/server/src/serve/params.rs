@@ -1,0 +1,240 @@
+//! From a parsed OpenAI request to the engine's [`SamplingParams`], with the server's limits: every
+//! refusal names the field and the limit (400), and a prompt that cannot fit the context with its
+//! `max_tokens` is a 413 before anything is queued.
+
+use crate::api::error::{ApiError, ApiErrorKind};
+use crate::api::wire::Sampling;
+use modelfleet_engine::EngineError;
+use modelfleet_engine::sampling::{SamplingParams, ValidSamplingParams};
+
+/// Bounds on what one request may ask for.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestLimits {
+    /// Most choices per prompt (`n`).
+    pub max_n: u32,
+    /// Most stop strings.
+    pub max_stop: usize,
+    /// Longest stop string, in bytes.
+    pub max_stop_len: usize,
+    /// Most `logit_bias` entries.
+    pub max_logit_bias: usize,
+    /// Most `stop_token_ids`.
+    pub max_stop_token_ids: usize,
+    /// Longest allowed `timeout`, in seconds (also the default).
+    pub max_timeout_secs: f64,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_n: 8,
+            max_stop: 8,
+            max_stop_len: 256,
+            max_logit_bias: 300,
+            max_stop_token_ids: 64,
+            max_timeout_secs: 600.0,
+        }
+    }
+}
+
+fn invalid(field: &str, message: String) -> ApiError {
+    ApiError::invalid(field, format!("`{field}` {message}"))
+}
+
+/// The engine's error for a bad parameter, as a 400 naming it.
+pub fn engine_param_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::InvalidParam { field, message } => invalid(field, message),
+        other => ApiError::invalid("body", other.to_string()),
+    }
+}
+
+/// Builds and validates the sampling parameters. `max_tokens` is what the request asked for (either
+/// spelling), `logprobs` the number of alternatives when logprobs were requested.
+pub fn sampling_params(
+    s: &Sampling,
+    max_tokens: Option<u32>,
+    logprobs: Option<usize>,
+    vocab_size: usize,
+    limits: &RequestLimits,
+) -> Result<(SamplingParams, u32), ApiError> {
+    let n = s.n.unwrap_or(1);
+    if n == 0 || n > limits.max_n {
+        return Err(invalid("n", format!("must be in [1, {}], got {n}", limits.max_n)));
+    }
+    let stop = s.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
+    if stop.len() > limits.max_stop {
+        return Err(invalid(
+            "stop",
+            format!("may hold at most {} strings, got {}", limits.max_stop, stop.len()),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > limits.max_stop_len) {
+        return Err(invalid(
+            "stop",
+            format!(
+                "strings may be at most {} bytes, got one of {}",
+                limits.max_stop_len,
+                long.len()
+            ),
+        ));
+    }
+    let mut logit_bias = Vec::new();
+    if let Some(bias) = &s.logit_bias {
+        if bias.len() > limits.max_logit_bias {
+            return Err(invalid(
+                "logit_bias",
+                format!(
+                    "may hold at most {} entries, got {}",
+                    limits.max_logit_bias,
+                    bias.len()
+                ),
+            ));
+        }
+        for (k, v) in bias {
+            let id: u32 = k
+                .parse()
+                .map_err(|_| invalid("logit_bias", format!("keys must be token ids, got {k:?}")))?;
+            logit_bias.push((id, *v));
+        }
+    }
+    let stop_token_ids = s.stop_token_ids.clone().unwrap_or_default();
+    if stop_token_ids.len() > limits.max_stop_token_ids {
+        return Err(invalid(
+            "stop_token_ids",
+            format!(
+                "may hold at most {} ids, got {}",
+                limits.max_stop_token_ids,
+                stop_token_ids.len()
+            ),
+        ));
+    }
+    if let Some(&bad) = stop_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+        return Err(invalid(
+            "stop_token_ids",
+            format!("ids must be < {vocab_size} (the vocabulary size), got {bad}"),
+        ));
+    }
+    let d = SamplingParams::default();
+    let p = SamplingParams {
+        temperature: s.temperature.unwrap_or(d.temperature),
+        top_k: s.top_k.unwrap_or(d.top_k),
+        top_p: s.top_p.unwrap_or(d.top_p),
+        min_p: s.min_p.unwrap_or(d.min_p),
+        seed: s.seed,
+        repetition_penalty: s.repetition_penalty.unwrap_or(d.repetition_penalty),
+        presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
+        logit_bias,
+        allowed_token_ids: None,
+        banned_token_ids: Vec::new(),
+        min_tokens: s.min_tokens.unwrap_or(0) as usize,
+        max_tokens: max_tokens.map(|m| m as usize),
+        stop,
+        stop_token_ids,
+        ignore_eos: s.ignore_eos.unwrap_or(false),
+        logprobs,
+        skip_special_tokens: s.skip_special_tokens.unwrap_or(true),
+    };
+    Ok((p, n))
+}
+
+/// Fixes `max_tokens` against the context: absent means "up to the context limit"; a prompt that
+/// leaves no room, or an explicit `max_tokens` that does not fit, is a 413.
+pub fn fit_context(
+    mut p: SamplingParams,
+    prompt_len: usize,
+    max_model_len: usize,
+    vocab_size: usize,
+) -> Result<ValidSamplingParams, ApiError> {
+    if prompt_len >= max_model_len {
+        return Err(ApiError {
+            param: Some("messages".into()),
+            code: Some("context_length_exceeded".into()),
+            ..ApiError::new(
+                ApiErrorKind::ContextLength,
+                format!(
+                    "the prompt is {prompt_len} tokens; this model's context is {max_model_len} tokens \
+                     and at least one must be left to generate"
+                ),
+            )
+        });
+    }
+    let room = max_model_len - prompt_len;
+    match p.max_tokens {
+        Some(m) if m > room => {
+            return Err(ApiError {
+                param: Some("max_tokens".into()),
+                code: Some("context_length_exceeded".into()),
+                ..ApiError::new(
+                    ApiErrorKind::ContextLength,
+                    format!(
+                        "prompt ({prompt_len} tokens) + max_tokens ({m}) exceeds this model's context \
+                         of {max_model_len} tokens"
+                    ),
+                )
+            });
+        }
+        Some(_) => {}
+        None => p.max_tokens = Some(room),
+    }
+    p.validate(vocab_size).map_err(engine_param_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::wire::Stop;
+
+    #[test]
+    fn limits_name_the_field() {
+        let l = RequestLimits::default();
+        let bad = |s: Sampling| sampling_params(&s, Some(4), None, 100, &l).unwrap_err();
+        let e = bad(Sampling {
+            n: Some(9),
+            ..Default::default()
+        });
+        assert_eq!((e.param.as_deref(), e.status()), (Some("n"), 400));
+        assert!(e.message.contains("[1, 8]"));
+        let e = bad(Sampling {
+            stop: Some(Stop::Many(vec!["x".into(); 9])),
+            ..Default::default()
+        });
+        assert!(e.message.contains("at most 8 strings"), "{}", e.message);
+        let e = bad(Sampling {
+            logit_bias: Some([("abc".to_string(), 1.0)].into()),
+            ..Default::default()
+        });
+        assert_eq!(e.param.as_deref(), Some("logit_bias"));
+        let e = bad(Sampling {
+            stop_token_ids: Some(vec![100]),
+            ..Default::default()
+        });
+        assert!(e.message.contains("< 100"));
+    }
+
+    #[test]
+    fn context_is_checked_before_queueing() {
+        let l = RequestLimits::default();
+        let (p, _) = sampling_params(&Sampling::default(), Some(10), None, 100, &l).unwrap();
+        let e = fit_context(p.clone(), 60, 64, 100).unwrap_err();
+        assert_eq!((e.status(), e.param.as_deref()), (413, Some("max_tokens")));
+        assert!(fit_context(p.clone(), 54, 64, 100).is_ok());
+        assert_eq!(fit_context(p, 64, 64, 100).unwrap_err().status(), 413);
+        let (p, _) = sampling_params(&Sampling::default(), None, None, 100, &l).unwrap();
+        assert_eq!(fit_context(p, 50, 64, 100).unwrap().max_tokens, Some(14));
+        let (p, _) = sampling_params(
+            &Sampling {
+                temperature: Some(-1.0),
+                ..Default::default()
+            },
+            Some(1),
+            None,
+            100,
+            &l,
+        )
+        .unwrap();
+        let e = fit_context(p, 1, 64, 100).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+    }
+}

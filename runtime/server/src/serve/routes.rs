@@ -1,0 +1,202 @@
+//! The API router and its small handlers: `/v1/models`, `/health`, `/ready`, `/metrics`, `/tokenize`,
+//! `/detokenize`, `/openapi.json`; the generation endpoints live in [`super::openai`].
+
+use super::openai::{self, RawBody};
+use super::state::AppState;
+use crate::api::error::{ApiError, ApiErrorKind};
+use crate::api::response::{DetokenizeResponse, ModelCard, ModelList, TokenizeResponse};
+use crate::api::wire::ChatMessage as WireMessage;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use modelfleet_engine::tokenizer::ChatMessage;
+use serde::Deserialize;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// The API router.
+pub fn router(st: Arc<AppState>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(st)
+}
+
+async fn not_found() -> Response {
+    ApiError::new(ApiErrorKind::NotFound, "no such endpoint").into_response()
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    if st.draining.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+    }
+    "ready".into_response()
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    st.refresh_gauges();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        super::openapi::document().to_string(),
+    )
+        .into_response()
+}
+
+async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = st.authenticate(&headers) {
+        return e.into_response();
+    }
+    axum::Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: st.served_name.clone(),
+            object: "model",
+            created: st.created,
+            owned_by: "modelfleet",
+            parent: None,
+            max_model_len: st.engine.max_model_len(),
+        }],
+    })
+    .into_response()
+}
+
+/// `POST /tokenize`: a prompt, or chat messages rendered with the template.
+#[derive(Deserialize, Debug, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    /// The served model name (optional).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Text to tokenize.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// Chat messages to render and tokenize instead.
+    #[serde(default)]
+    pub messages: Option<Vec<WireMessage>>,
+    /// Add BOS etc. to a prompt (default true).
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+    /// End the rendered chat with the assistant's header (default true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+}
+
+/// `POST /detokenize`.
+#[derive(Deserialize, Debug, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    /// The served model name (optional).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Token ids.
+    pub tokens: Vec<u32>,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(raw: RawBody) -> Result<T, ApiError> {
+    let bytes = raw.map_err(|e| ApiError::invalid("body", format!("cannot read the body: {e}")))?;
+    let mut de = serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let param = if path == "." { "body".to_string() } else { path };
+        ApiError::invalid(param.clone(), format!("`{param}`: {}", e.inner()))
+    })
+}
+
+async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawBody) -> Response {
+    let run = || -> Result<TokenizeResponse, ApiError> {
+        st.authenticate(&headers)?;
+        let req: TokenizeRequest = parse(raw)?;
+        if let Some(m) = &req.model {
+            st.check_model(m)?;
+        }
+        let md = st.model();
+        let tokens = match (&req.prompt, &req.messages) {
+            (Some(p), None) => md.tokenizer.encode(p, req.add_special_tokens.unwrap_or(true)),
+            (None, Some(msgs)) => {
+                let template = md
+                    .chat_template
+                    .as_ref()
+                    .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
+                let msgs: Vec<ChatMessage> = msgs
+                    .iter()
+                    .map(|m| {
+                        ChatMessage::new(
+                            m.role.clone(),
+                            m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                let text = template
+                    .render(&msgs, req.add_generation_prompt.unwrap_or(true))
+                    .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+                md.tokenizer.encode(&text, false)
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "give exactly one of `prompt` and `messages`",
+                ));
+            }
+        }
+        .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        Ok(TokenizeResponse {
+            count: tokens.len(),
+            tokens,
+            max_model_len: st.engine.max_model_len(),
+        })
+    };
+    match run() {
+        Ok(r) => axum::Json(r).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn detokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawBody) -> Response {
+    let run = || -> Result<DetokenizeResponse, ApiError> {
+        st.authenticate(&headers)?;
+        let req: DetokenizeRequest = parse(raw)?;
+        if let Some(m) = &req.model {
+            st.check_model(m)?;
+        }
+        let vocab = st.model().config.vocab_size;
+        if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::invalid(
+                "tokens",
+                format!("`tokens` ids must be < {vocab} (the vocabulary size), got {bad}"),
+            ));
+        }
+        let prompt = st
+            .model()
+            .tokenizer
+            .decode(&req.tokens, false)
+            .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+        Ok(DetokenizeResponse { prompt })
+    };
+    match run() {
+        Ok(r) => axum::Json(r).into_response(),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,120 @@
+//! What every handler shares: the engine handle, authentication, metrics, the served name and limits,
+//! and whether the server is draining for shutdown.
+
+use super::params::RequestLimits;
+use crate::api::error::{ApiError, ApiErrorKind};
+use crate::metrics::{EngineGauges, RuntimeMetrics};
+use crate::tenants::{Auth, AuthError, Tenant};
+use axum::http::HeaderMap;
+use modelfleet_engine::ModelDir;
+use modelfleet_engine::sched::EngineHandle;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whose prefix cache a request may share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheScope {
+    /// Each tenant has its own (the default).
+    Tenant,
+    /// Tenants of this deployment share one (must be chosen explicitly).
+    Deployment,
+}
+
+/// Shared by every handler.
+pub struct AppState {
+    /// The engine.
+    pub engine: Arc<EngineHandle>,
+    /// API keys → tenants.
+    pub auth: Auth,
+    /// The runtime's metrics.
+    pub metrics: Arc<RuntimeMetrics>,
+    /// The name clients use in `model`.
+    pub served_name: String,
+    /// Per-request bounds.
+    pub limits: RequestLimits,
+    /// Prefix-cache sharing.
+    pub scope: CacheScope,
+    /// Set on SIGTERM: `/ready` is 503 and new requests are refused.
+    pub draining: AtomicBool,
+    /// When the server started (Unix seconds), for `/v1/models`.
+    pub created: u64,
+}
+
+impl AppState {
+    /// The model's tokenizer, template and config.
+    pub fn model(&self) -> &Arc<ModelDir> {
+        self.engine.model_dir()
+    }
+
+    /// The caller's tenant, from `Authorization: Bearer`; never from the body.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
+        let header = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        self.auth.authenticate(header).map_err(|e| {
+            let message = match e {
+                AuthError::Missing => "missing API key: send `Authorization: Bearer <key>`",
+                AuthError::Invalid => "invalid API key",
+            };
+            ApiError::new(ApiErrorKind::Authentication, message)
+        })
+    }
+
+    /// 503 while draining; 429 at once when the queue is already full (before parsing anything).
+    pub fn check_open(&self, tenant: &Tenant) -> Result<(), ApiError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::new(
+                ApiErrorKind::Unavailable,
+                "the server is shutting down; retry on another replica",
+            ));
+        }
+        self.engine.gate().precheck().map_err(|r| {
+            self.metrics
+                .requests_rejected
+                .with_label_values(&[&self.served_name, &tenant.id, r.label()])
+                .inc();
+            super::generate::rejection_error(&r)
+        })
+    }
+
+    /// `model` must name what this server serves.
+    pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        if model != self.served_name {
+            return Err(ApiError {
+                param: Some("model".into()),
+                code: Some("model_not_found".into()),
+                ..ApiError::new(
+                    ApiErrorKind::NotFound,
+                    format!(
+                        "the model `{model}` does not exist here; this server serves `{}`",
+                        self.served_name
+                    ),
+                )
+            });
+        }
+        Ok(())
+    }
+
+    /// The prefix-cache scope of a tenant's requests.
+    pub fn cache_scope(&self, tenant: &Tenant) -> String {
+        match self.scope {
+            CacheScope::Tenant => format!("tenant:{}", tenant.id),
+            CacheScope::Deployment => "deployment".into(),
+        }
+    }
+
+    /// Copies the engine's latest stats into the gauges (at scrape time).
+    pub fn refresh_gauges(&self) {
+        let s = self.engine.stats();
+        self.metrics.set_engine(
+            &self.served_name,
+            EngineGauges {
+                waiting: s.waiting as i64,
+                running: s.running as i64,
+                blocks_in_use: s.kv_blocks_in_use as u64,
+                blocks_cached: s.kv_blocks_cached as u64,
+                blocks_total: s.kv_blocks_total as u64,
+            },
+        );
+    }
+}

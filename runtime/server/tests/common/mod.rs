@@ -1,0 +1,137 @@
+//! Starting a real `modelfleet-runtime serve` process on a generated model for the HTTP tests.
+
+#![allow(dead_code)]
+
+use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server; killed (SIGKILL) when dropped.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+    pub admin_port: u16,
+    pub dir: tempfile::TempDir,
+    pub model: PathBuf,
+}
+
+impl Server {
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Stderr and stdout so far are not collected (inherited); this reads nothing.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Writes the tiny model into `dir/model`.
+pub fn tiny_model(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny");
+    gen_model(
+        &model,
+        &GenModelOptions {
+            shape: Shape::Tiny,
+            seed: 7,
+            dtype: GenDType::F32,
+            format: GenFormat::Safetensors,
+        },
+    )
+    .unwrap();
+    model
+}
+
+/// Starts `serve --model <tiny> <extra…>` and waits until `/health` answers.
+pub fn start(extra: &[&str], setup: impl FnOnce(&Path) -> Vec<String>) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let more = setup(dir.path());
+    let (port, admin_port) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
+        .arg("serve")
+        .arg("--model")
+        .arg(&model)
+        .args(["--served-model-name", "tiny", "--threads", "1"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--admin-port",
+            &admin_port.to_string(),
+        ])
+        .args(extra)
+        .args(&more)
+        .env_remove("POD_IP")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Server {
+        child,
+        port,
+        admin_port,
+        dir,
+        model,
+    };
+    wait_healthy(&s);
+    s
+}
+
+fn wait_healthy(s: &Server) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) {
+        if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", s.port)) {
+            use std::io::Write;
+            let _ = c.write_all(b"GET /health HTTP/1.0\r\n\r\n");
+            let mut out = String::new();
+            let _ = c.read_to_string(&mut out);
+            if out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the server did not become healthy in 60 s");
+}
+
+/// A blocking HTTP request with curl-free std networking: returns (status, body).
+pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    c.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    let status: u16 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, body)
+}
