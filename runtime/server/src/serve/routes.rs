@@ -57,10 +57,10 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-async fn openapi() -> Response {
+async fn openapi(State(st): State<Arc<AppState>>) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        super::openapi::document().to_string(),
+        super::openapi::document_for(&st.served_name, &st.limits).to_string(),
     )
         .into_response()
 }
@@ -117,8 +117,10 @@ pub struct DetokenizeRequest {
 
 fn parse<T: serde::de::DeserializeOwned>(raw: RawBody) -> Result<T, ApiError> {
     let bytes = raw.map_err(|e| ApiError::invalid("body", format!("cannot read the body: {e}")))?;
-    let mut de = serde_json::Deserializer::from_slice(&bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let mut value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid("body", format!("the body is not valid JSON: {e}")))?;
+    crate::api::wire::normalize_integers(&mut value);
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let param = if path == "." { "body".to_string() } else { path };
         ApiError::invalid(param.clone(), format!("`{param}`: {}", e.inner()))
