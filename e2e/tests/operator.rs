@@ -3,8 +3,8 @@
 //! `modelfleet-runtime fetch` init container, a digest mismatch on a spec update, status hygiene, and
 //! garbage collection on delete. Run by `make e2e` against `e2e/cluster up`.
 //!
-//! Scenarios that need `modelfleet-runtime serve` (chat completions, load-driven scaling, LoRA) join when
-//! the runtime server lands.
+//! Serving scenarios (chat through pod IPs, load-driven scaling, a bad digest under traffic) are in
+//! `serving.rs`.
 
 mod common;
 use common::*;
@@ -15,63 +15,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams};
 use modelfleet_crds::ModelDeployment;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
-
-const OPERATOR_NS: &str = "modelfleet-system";
-
-static INSTALL: Mutex<bool> = Mutex::new(false);
-
-fn cluster_dir() -> PathBuf {
-    PathBuf::from(std::env::var("MF_CLUSTER_DIR").expect("MF_CLUSTER_DIR (from e2e/cluster env)"))
-}
-
-/// Installs (or upgrades) the chart once per test process and waits for a leader.
-async fn ensure_operator() {
-    {
-        let mut done = INSTALL.lock().unwrap();
-        if !*done {
-            let chart = repo_root().join("charts/modelfleet");
-            let cache = cluster_dir().join("model-cache");
-            let out = std::process::Command::new("helm")
-                .args(["upgrade", "--install", "modelfleet", chart.to_str().unwrap()])
-                .args([
-                    "--namespace",
-                    OPERATOR_NS,
-                    "--create-namespace",
-                    "--wait",
-                    "--timeout",
-                    "90s",
-                ])
-                .args([
-                    "--set",
-                    "image.tag=dev",
-                    "--set",
-                    "runtimeImage=modelfleet/runtime:dev",
-                ])
-                .args(["--set", &format!("modelCache.hostPath={}", cache.display())])
-                .output()
-                .expect("helm on PATH (eval \"$(e2e/cluster env)\")");
-            assert!(
-                out.status.success(),
-                "helm install failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            *done = true;
-        }
-    }
-    let leases: Api<Lease> = Api::namespaced(client().await, OPERATOR_NS);
-    wait_until(
-        "an operator replica to hold the leader lease",
-        Duration::from_secs(60),
-        || async {
-            let lease = leases.get("modelfleet-operator").await.ok()?;
-            lease.spec?.holder_identity.filter(|h| !h.is_empty())
-        },
-    )
-    .await;
-}
 
 #[tokio::test]
 #[ignore = "needs the local cluster: make e2e"]
@@ -230,8 +174,8 @@ async fn operator_reconciles_owned_objects_digest_verdicts_and_deletion() {
         .unwrap();
     assert!(!listed.items.is_empty());
 
-    // The admin token is stable across passes (applying never rotates it); the crash-looping runtime
-    // containers (no `serve` yet) keep triggering passes meanwhile.
+    // The admin token is stable across passes (applying never rotates it); the runtime containers,
+    // which crash-loop on this artifact (bytes, not a model), keep triggering passes meanwhile.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let again = Api::<Secret>::namespaced(client.clone(), &ns.name)
         .get("tiny-admin-token")

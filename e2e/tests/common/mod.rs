@@ -3,9 +3,12 @@
 //! kubectl and a real kube client. Nothing here is mocked.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The repository root (for `crds/`, manifests).
@@ -130,4 +133,60 @@ pub async fn prometheus_query(query: &str) -> Vec<serde_json::Value> {
         .expect("Prometheus JSON");
     assert_eq!(resp["status"], "success", "query {query} failed: {resp}");
     resp["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+/// The namespace the chart installs the operator into.
+pub const OPERATOR_NS: &str = "modelfleet-system";
+
+static INSTALL: Mutex<bool> = Mutex::new(false);
+
+pub fn cluster_dir() -> PathBuf {
+    PathBuf::from(std::env::var("MF_CLUSTER_DIR").expect("MF_CLUSTER_DIR (from e2e/cluster env)"))
+}
+
+/// Installs (or upgrades) the chart once per test process and waits for a leader.
+pub async fn ensure_operator() {
+    {
+        let mut done = INSTALL.lock().unwrap();
+        if !*done {
+            let chart = repo_root().join("charts/modelfleet");
+            let cache = cluster_dir().join("model-cache");
+            let out = std::process::Command::new("helm")
+                .args(["upgrade", "--install", "modelfleet", chart.to_str().unwrap()])
+                .args([
+                    "--namespace",
+                    OPERATOR_NS,
+                    "--create-namespace",
+                    "--wait",
+                    "--timeout",
+                    "90s",
+                ])
+                .args([
+                    "--set",
+                    "image.tag=dev",
+                    "--set",
+                    "runtimeImage=modelfleet/runtime:dev",
+                ])
+                .args(["--set", &format!("modelCache.hostPath={}", cache.display())])
+                .output()
+                .expect("helm on PATH (eval \"$(e2e/cluster env)\")");
+            assert!(
+                out.status.success(),
+                "helm install failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            *done = true;
+        }
+    }
+    let leases: Api<Lease> = Api::namespaced(client().await, OPERATOR_NS);
+    wait_until(
+        "an operator replica to hold the leader lease",
+        Duration::from_secs(60),
+        || async {
+            let lease = leases.get("modelfleet-operator").await.ok()?;
+            lease.spec?.holder_identity.filter(|h| !h.is_empty())
+        },
+    )
+    .await;
 }

@@ -29,7 +29,7 @@ use modelfleet_crds::ModelDeployment;
 use modelfleet_crds::model_deployment::{AutoscalingMode, ModelDeploymentStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Shared state of all reconcile passes.
 pub struct Context {
@@ -43,8 +43,9 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Publishes Events on ModelDeployments.
     pub recorder: Recorder,
-    /// When each ModelDeployment's metrics were last read (rate limit of the autoscaler).
-    pub last_sample: Mutex<HashMap<String, Instant>>,
+    /// Per ModelDeployment: when its metrics were last read (the autoscaler's rate limit) and the
+    /// stabilization windows (authoritative while this replica leads).
+    pub last_sample: Mutex<HashMap<String, scale::Memory>>,
 }
 
 /// How often the built-in autoscaler reads metrics.

@@ -2,7 +2,11 @@
 //! autoscaler's decision from fresh metrics, with what status records about it.
 //!
 //! Status hygiene: observed metrics are rewritten only with a scaling decision or, when they changed
-//! (rounded), at most every [`METRICS_WRITE_INTERVAL`]; the decision history is bounded.
+//! (rounded), at most every [`METRICS_WRITE_INTERVAL`]; the decision history is bounded. The
+//! stabilization windows live in the leader's memory ([`Memory`]) and are copied into
+//! `status.autoscaler` only with those writes, so a recommendation flapping at a boundary does not
+//! rewrite status on every tick. A new leader resumes the candidates from status with their windows
+//! restarted, which can delay a scale-down or scale-up by one window but never makes one premature.
 
 use super::{AUTOSCALE_INTERVAL, Context};
 use crate::autoscaler::decide::{Sample, decide};
@@ -24,6 +28,15 @@ use std::time::Instant;
 pub const MAX_DECISIONS: usize = 10;
 /// Observed metrics are refreshed in status at most this often without a decision.
 pub const METRICS_WRITE_INTERVAL: i64 = 30;
+
+/// What the leader remembers per ModelDeployment between autoscaler ticks.
+#[derive(Clone, Debug)]
+pub struct Memory {
+    /// When its metrics were last read (the autoscaler's rate limit).
+    pub sampled: Instant,
+    /// The authoritative stabilization-window state.
+    pub state: AutoscalerState,
+}
 
 /// The outcome of the replica decision, with the status fields it owns.
 #[derive(Clone, Debug)]
@@ -121,17 +134,29 @@ pub async fn replicas(
         autoscaler: prev.autoscaler.clone(),
         decision_reason: None,
     };
-    {
+    let now = Timestamp::now();
+    let state = {
         let mut last = ctx.last_sample.lock().unwrap();
-        if last.get(&key).is_some_and(|t| t.elapsed() < AUTOSCALE_INTERVAL) && hold.replicas == current {
+        let remembered = last.get(&key).cloned();
+        if remembered
+            .as_ref()
+            .is_some_and(|m| m.sampled.elapsed() < AUTOSCALE_INTERVAL)
+            && hold.replicas == current
+        {
             return hold;
         }
-        last.insert(key, Instant::now());
-    }
+        let state = remembered.map_or_else(|| restart_windows(prev.autoscaler.clone(), now), |m| m.state);
+        last.insert(
+            key.clone(),
+            Memory {
+                sampled: Instant::now(),
+                state: state.clone(),
+            },
+        );
+        state
+    };
 
     let sample = read_sample(md, &spec, pods, ctx).await;
-    let now = Timestamp::now();
-    let state = prev.autoscaler.clone().unwrap_or_default();
     let decision = decide(&spec, &state, current, sample.as_ref().ok(), now);
     let scaling = match &sample {
         Ok(s) => Scaling {
@@ -146,12 +171,15 @@ pub async fn replicas(
         },
     };
     let changed = decision.replicas != current;
+    if let Some(m) = ctx.last_sample.lock().unwrap().get_mut(&key) {
+        m.state = decision.state.clone();
+    }
     let mut out = Scaled {
         replicas: decision.replicas,
         scaling,
-        autoscaler: (decision.state != AutoscalerState::default()).then_some(decision.state.clone()),
         ..hold
     };
+    let mut metrics_written = false;
     if let Ok(s) = &sample {
         let fresh = observed(s, now);
         let stale = out.observed_metrics.as_ref().is_none_or(|m| {
@@ -163,7 +191,11 @@ pub async fn replicas(
         });
         if changed || stale {
             out.observed_metrics = Some(fresh);
+            metrics_written = true;
         }
+    }
+    if changed || metrics_written {
+        out.autoscaler = (decision.state != AutoscalerState::default()).then_some(decision.state.clone());
     }
     if changed {
         let direction = if decision.replicas > current { "up" } else { "down" };
@@ -183,6 +215,15 @@ pub async fn replicas(
         out.decision_reason = Some(format!("{current} -> {}: {}", decision.replicas, decision.reason));
     }
     out
+}
+
+/// The state a new leader resumes from status: the same candidates, their windows starting now.
+fn restart_windows(persisted: Option<AutoscalerState>, now: Timestamp) -> AutoscalerState {
+    let mut state = persisted.unwrap_or_default();
+    for c in [&mut state.scale_up, &mut state.scale_down].into_iter().flatten() {
+        c.since = Time(now);
+    }
+    state
 }
 
 fn observed(s: &Sample, now: Timestamp) -> ObservedMetrics {
