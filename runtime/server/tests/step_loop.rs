@@ -375,3 +375,48 @@ fn preemption_under_a_small_pool_keeps_every_output() {
     assert_eq!(s.counters.preemptions, preempted as u64);
     assert!(wait_for(&h, Duration::from_secs(2), idle), "{:?}", h.stats());
 }
+
+#[test]
+fn every_request_accepted_during_a_shutdown_still_gets_its_finished() {
+    let dir = tiny_model();
+    let h = std::sync::Arc::new(start(dir.path(), 256, SchedulerConfig::default(), roomy()));
+    // Four threads submit as fast as they can while the main thread shuts the engine down.
+    let submitters: Vec<_> = (0..4)
+        .map(|t| {
+            let h = h.clone();
+            std::thread::spawn(move || {
+                let mut accepted = Vec::new();
+                for i in 0..10_000u32 {
+                    match h.submit(
+                        request(&h, "t", prompt(8, t * 10_000 + i), 64),
+                        TenantLimits::default(),
+                    ) {
+                        Ok(s) => accepted.push(s),
+                        Err(Rejection::ShuttingDown) => break,
+                        // The queue fills up long before the shutdown: wait for room.
+                        Err(Rejection::QueueFull { .. }) => std::thread::sleep(Duration::from_millis(1)),
+                        Err(other) => panic!("unexpected refusal {other:?}"),
+                    }
+                }
+                accepted
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(30));
+    h.shutdown();
+    let mut total = 0;
+    for s in submitters {
+        for mut stream in s.join().unwrap() {
+            let mut last = None;
+            while let Some(ev) = stream.blocking_next() {
+                last = Some(ev);
+            }
+            assert!(
+                matches!(last, Some(RequestEvent::Finished(_))),
+                "an accepted request ended without its Finished"
+            );
+            total += 1;
+        }
+    }
+    assert!(total > 0, "some requests were accepted before the shutdown");
+}

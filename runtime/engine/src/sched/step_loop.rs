@@ -32,7 +32,8 @@ enum Command {
     Shutdown,
 }
 
-/// What the loop publishes after every step (for `/metrics`, autoscaling and benchmarks).
+/// What the loop publishes after every step (for `/metrics`, autoscaling and benchmarks). Published
+/// after the step's events are sent, so it may lag a just-received `Finished` by one step.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {
     /// Requests waiting.
@@ -188,11 +189,15 @@ impl EngineHandle {
         request: Request,
         quota: TenantLimits,
     ) -> std::result::Result<RequestStream, Rejection> {
+        // The sender's lock is held from the gate check to the send, and `shutdown` closes the gate and
+        // sends `Shutdown` under the same lock: every accepted request reaches the loop before
+        // `Shutdown`, so it gets its `Finished` (cancelled) instead of silently vanishing.
+        let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         self.gate
             .try_enter(&request.tenant, request.prompt.len(), quota)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
-        let tx = self.sender();
+        let tx = guard.clone();
         let (tenant, tokens) = (request.tenant.clone(), request.prompt.len());
         if tx
             .send(Command::Submit(Box::new(Submitted { id, request, events })))
@@ -201,6 +206,7 @@ impl EngineHandle {
             self.gate.left(&tenant, tokens, true);
             return Err(Rejection::ShuttingDown);
         }
+        drop(guard);
         Ok(RequestStream {
             id,
             rx,
@@ -236,8 +242,11 @@ impl EngineHandle {
 
     /// Refuses new requests, cancels every live one, and waits for the loop to exit.
     pub fn shutdown(&self) {
-        self.gate.close();
-        let _ = self.sender().send(Command::Shutdown);
+        {
+            let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+            self.gate.close();
+            let _ = tx.send(Command::Shutdown);
+        }
         let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = t {
             let _ = t.join();
