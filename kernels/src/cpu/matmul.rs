@@ -2,7 +2,7 @@
 //! multi-threaded over blocks of output columns, reading f32/f16/bf16 weights in place.
 //!
 //! Invariants: each output element is one dot product over the full `k` in the fixed order of
-//! [`super::simd`] — register tiles of 4×2, 1×4 and 1×1 outputs all perform the identical per-element
+//! [`super::simd`] — register tiles of 4×2, 1×8, 1×4 and 1×1 outputs all perform the identical per-element
 //! operation sequence, and the split into column blocks only decides which thread computes an element,
 //! never how. So a row's outputs are bit-identical whatever the batch size or thread count (tested
 //! below). That is why this is our own kernel rather than a library GEMM: `gemm`/BLAS pick blocking and
@@ -149,6 +149,24 @@ unsafe fn block<S: Simd, W: Elem>(job: &Job<'_>, w: &[W]) {
         while r < job.rows {
             let xs = [xp(r)];
             let mut c = c0;
+            // Eight independent accumulators keep both FMA ports busy in the decode-sized case.
+            while c + 8 <= c1 {
+                let ws = [
+                    wp(c),
+                    wp(c + 1),
+                    wp(c + 2),
+                    wp(c + 3),
+                    wp(c + 4),
+                    wp(c + 5),
+                    wp(c + 6),
+                    wp(c + 7),
+                ];
+                let t = tile::<S, W, 1, 8>(xs, ws, k);
+                for (j, v) in t[0].iter().enumerate() {
+                    put(r, c + j, *v);
+                }
+                c += 8;
+            }
             while c + 4 <= c1 {
                 let t = tile::<S, W, 1, 4>(xs, [wp(c), wp(c + 1), wp(c + 2), wp(c + 3)], k);
                 for (j, v) in t[0].iter().enumerate() {
