@@ -203,6 +203,26 @@ async fn sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_larger_than_the_kv_pool_is_a_413_not_a_500() {
+    // 8 blocks of 16 tokens: the pool holds 128 tokens, less than the model's context.
+    let s = common::start(&["--num-kv-blocks", "8", "--block-size", "16"], |_| vec![]);
+    let c = client();
+    let url = format!("{}/v1/chat/completions", s.base());
+    let (status, _, v, _) = one(&c, &url, &chat_body(200)).await;
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["error"]["param"], "max_tokens");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("context limit of 128 tokens"),
+        "{v}"
+    );
+    let (status, _, v, _) = one(&c, &url, &chat_body(16)).await;
+    assert_eq!(status, 200, "a request that fits is served: {v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_admin_auth_and_openapi() {
     let s = common::start(&[], |dir| {
         let token = dir.join("admin-token");

@@ -121,6 +121,7 @@ pub struct EngineHandle {
     next_id: AtomicU64,
     model_dir: Arc<ModelDir>,
     max_model_len: usize,
+    kv_capacity_tokens: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -161,11 +162,12 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let _ = ready_tx.send(Ok((engine.model_dir.clone(), engine.max_model_len())));
+                let capacity = engine.num_kv_blocks() * engine.block_size();
+                let _ = ready_tx.send(Ok((engine.model_dir.clone(), engine.max_model_len(), capacity)));
                 run(engine, cfg, g, st, rx, hook);
             })
             .map_err(|e| EngineError::Batch(format!("cannot start the step loop thread: {e}")))?;
-        let (model_dir, max_model_len) = ready_rx
+        let (model_dir, max_model_len, kv_capacity_tokens) = ready_rx
             .recv()
             .map_err(|_| EngineError::Batch("the step loop thread died while loading".into()))??;
         Ok(Self {
@@ -175,6 +177,7 @@ impl EngineHandle {
             next_id: AtomicU64::new(1),
             model_dir,
             max_model_len,
+            kv_capacity_tokens,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -238,6 +241,12 @@ impl EngineHandle {
     /// The context limit in force.
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
+    }
+
+    /// Tokens the whole KV pool holds: no request may need more (prompt + output), or it could
+    /// never run even alone.
+    pub fn kv_capacity_tokens(&self) -> usize {
+        self.kv_capacity_tokens
     }
 
     /// Refuses new requests, cancels every live one, and waits for the loop to exit.

@@ -16,8 +16,9 @@ pub mod state;
 
 use crate::tenants::{self, Auth};
 use anyhow::{Context, bail};
+use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::sched::{EngineHandle, FinishHook, QueueLimits, SchedulerConfig};
-use modelfleet_engine::{Engine, EngineConfig};
+use modelfleet_engine::{Engine, EngineConfig, ModelDir};
 use params::RequestLimits;
 use state::{AppState, CacheScope};
 use std::net::SocketAddr;
@@ -189,19 +190,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .filter(|t| !t.is_empty()),
         None => None,
     };
-    // Default pool: `--max-num-seqs` sequences of up to 2,048 tokens (or the context, if shorter);
-    // KV is allocated as tokens arrive, so this bounds memory, not what one request may use.
-    let per_seq = args.max_model_len.unwrap_or(2048).min(2048);
-    let engine_cfg = EngineConfig {
-        threads: args.threads,
-        block_size: args.block_size,
-        num_kv_blocks: Some(
-            args.num_kv_blocks
-                .unwrap_or(args.max_num_seqs.max(1) * per_seq.div_ceil(args.block_size.max(1))),
-        ),
-        max_model_len: args.max_model_len,
-        max_num_seqs: args.max_num_seqs,
-    };
+    let (threads, block_size, max_num_seqs) = (args.threads, args.block_size, args.max_num_seqs);
+    let (num_kv_blocks, max_model_len) = (args.num_kv_blocks, args.max_model_len);
     let sched = SchedulerConfig {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
@@ -216,11 +206,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let name = served_name(&args);
     let (m, n) = (metrics.clone(), name.clone());
     let hook: FinishHook = Arc::new(move |tenant, f| generate::record(&m, &n, tenant, f));
-    let engine = tokio::task::spawn_blocking(move || {
-        EngineHandle::start_with_hook(move || Engine::load(&path, &engine_cfg), sched, queue, Some(hook))
-    })
-    .await?
-    .with_context(|| format!("loading {}", args.model.display()))?;
+    let load = move || {
+        let md = ModelDir::open(&path)?;
+        let context = max_model_len.unwrap_or(md.config.max_position_embeddings);
+        // Default pool: `--max-num-seqs` sequences of up to 2,048 tokens, and at least one full context
+        // so every request that fits the context can run. KV is allocated as tokens arrive, so this
+        // bounds memory, not what one request may use.
+        let tokens = (max_num_seqs.max(1) * context.min(2048)).max(context);
+        let cfg = EngineConfig {
+            threads,
+            block_size,
+            num_kv_blocks: Some(num_kv_blocks.unwrap_or(tokens.div_ceil(block_size.max(1)))),
+            max_model_len,
+            max_num_seqs,
+        };
+        Engine::load_with(md, CpuKernels::new(threads), &cfg)
+    };
+    let engine =
+        tokio::task::spawn_blocking(move || EngineHandle::start_with_hook(load, sched, queue, Some(hook)))
+            .await?
+            .with_context(|| format!("loading {}", args.model.display()))?;
     let st = Arc::new(AppState {
         engine: Arc::new(engine),
         auth,

@@ -56,7 +56,10 @@ fn choice_specs(
         for j in 0..n {
             let mut p = base.clone();
             p.seed = p.seed.map(|s| s.wrapping_add(j as u64));
-            let params = fit_context(p, prompt.len(), st.engine.max_model_len(), vocab)?;
+            // A request must fit the context and the KV pool (which is at least one context unless
+            // `--num-kv-blocks` made it smaller).
+            let limit = st.engine.max_model_len().min(st.engine.kv_capacity_tokens());
+            let params = fit_context(p, prompt.len(), limit, vocab)?;
             out.push(ChoiceSpec {
                 index: pi as u32 * n + j,
                 prompt_index: pi,

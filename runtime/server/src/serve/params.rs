@@ -154,7 +154,7 @@ pub fn fit_context(
             ..ApiError::new(
                 ApiErrorKind::ContextLength,
                 format!(
-                    "the prompt is {prompt_len} tokens; this model's context is {max_model_len} tokens \
+                    "the prompt is {prompt_len} tokens; the context limit is {max_model_len} tokens \
                      and at least one must be left to generate"
                 ),
             )
@@ -169,8 +169,8 @@ pub fn fit_context(
                 ..ApiError::new(
                     ApiErrorKind::ContextLength,
                     format!(
-                        "prompt ({prompt_len} tokens) + max_tokens ({m}) exceeds this model's context \
-                         of {max_model_len} tokens"
+                        "prompt ({prompt_len} tokens) + max_tokens ({m}) exceeds the context limit of \
+                         {max_model_len} tokens"
                     ),
                 )
             });
