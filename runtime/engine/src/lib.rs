@@ -27,6 +27,7 @@
 mod engine;
 pub mod error;
 pub mod kv;
+pub mod lora;
 pub mod model;
 mod model_dir;
 pub mod sampling;

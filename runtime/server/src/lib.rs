@@ -10,12 +10,13 @@
 //!
 //! - [`serve`]: `serve`, the OpenAI-compatible server around the engine, and its admin listener.
 //!
-//! `gen-adapter` arrives with the LoRA issue.
+//! - [`gen_adapter`]: `gen-adapter`, random PEFT LoRA adapters for a base model.
 
 pub mod api;
 pub mod digest;
 pub mod fetch;
 pub mod fetch_cmd;
+pub mod gen_adapter;
 pub mod gen_model;
 pub mod metrics;
 pub mod serve;

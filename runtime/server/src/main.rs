@@ -29,6 +29,8 @@ enum Command {
     },
     /// Write a random-weight Llama-family model of a real shape in Hugging Face layout.
     GenModel(modelfleet_runtime::gen_model::GenModelArgs),
+    /// Write a random PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) for a base model.
+    GenAdapter(modelfleet_runtime::gen_adapter::GenAdapterArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => modelfleet_runtime::serve::run(*args),
         Command::Fetch(args) => modelfleet_runtime::fetch_cmd::run(args),
         Command::GenModel(args) => modelfleet_runtime::gen_model::run(args),
+        Command::GenAdapter(args) => modelfleet_runtime::gen_adapter::run(args),
         Command::Digest { path } => match modelfleet_runtime::digest::digest_path(&path) {
             Ok(d) => {
                 println!("{d}");
