@@ -139,18 +139,22 @@ async fn operator_reconciles_owned_objects_digest_verdicts_and_deletion() {
         (owner.kind.as_str(), owner.name.as_str()),
         ("ModelDeployment", "tiny")
     );
-    Api::<Service>::namespaced(client.clone(), &ns.name)
-        .get("tiny")
-        .await
-        .unwrap();
-    Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns.name)
-        .get("tiny")
-        .await
-        .unwrap();
-    let secret = Api::<Secret>::namespaced(client.clone(), &ns.name)
-        .get("tiny-admin-token")
-        .await
-        .unwrap();
+    // One pass applies the objects one after another: wait for each rather than racing the pass.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns.name);
+    wait_until("the Service", Duration::from_secs(30), || async {
+        services.get_opt("tiny").await.ok().flatten()
+    })
+    .await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns.name);
+    wait_until("the PodDisruptionBudget", Duration::from_secs(30), || async {
+        pdbs.get_opt("tiny").await.ok().flatten()
+    })
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+    let secret = wait_until("the admin-token Secret", Duration::from_secs(30), || async {
+        secrets.get_opt("tiny-admin-token").await.ok().flatten()
+    })
+    .await;
     let token = secret.data.unwrap()["token"].0.clone();
     assert_eq!(token.len(), 64);
 
