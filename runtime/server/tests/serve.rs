@@ -6,6 +6,9 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The burst test measures latency: it runs alone (write lock); the others share the machine (read).
+static TIMING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
@@ -43,6 +46,7 @@ async fn one(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_ten_times_the_queue_cap_gets_fast_429s_and_memory_stays_flat() {
+    let _alone = TIMING.write().await;
     const CAP: usize = 8;
     let s = common::start(
         &["--max-num-seqs", "4", "--max-num-queued-reqs", &CAP.to_string()],
@@ -120,6 +124,7 @@ async fn a_burst_of_ten_times_the_queue_cap_gets_fast_429s_and_memory_stays_flat
 
 #[test]
 fn a_model_with_one_flipped_byte_is_refused() {
+    let _shared = TIMING.blocking_read();
     let dir = tempfile::tempdir().unwrap();
     let model = common::tiny_model(dir.path());
     let digest = modelfleet_runtime::digest::digest_path(&model).unwrap();
@@ -152,6 +157,7 @@ fn a_model_with_one_flipped_byte_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_zero() {
+    let _shared = TIMING.read().await;
     let mut s = common::start(&["--shutdown-grace-seconds", "60"], |_| vec![]);
     let c = client();
     let url = format!("{}/v1/chat/completions", s.base());
@@ -204,6 +210,7 @@ async fn sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_larger_than_the_kv_pool_is_a_413_not_a_500() {
+    let _shared = TIMING.read().await;
     // 8 blocks of 16 tokens: the pool holds 128 tokens, less than the model's context.
     let s = common::start(&["--num-kv-blocks", "8", "--block-size", "16"], |_| vec![]);
     let c = client();
@@ -224,6 +231,7 @@ async fn a_request_larger_than_the_kv_pool_is_a_413_not_a_500() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_admin_auth_and_openapi() {
+    let _shared = TIMING.read().await;
     let s = common::start(&[], |dir| {
         let token = dir.join("admin-token");
         std::fs::write(&token, "admin-secret\n").unwrap();
