@@ -20,15 +20,6 @@ use std::time::Duration;
 #[tokio::test]
 #[ignore = "needs the local cluster: make e2e"]
 async fn the_standby_operator_takes_over_within_15_seconds() {
-    kubectl_ok(
-        &[
-            "apply",
-            "--server-side",
-            "-f",
-            repo_root().join("crds").to_str().unwrap(),
-        ],
-        None,
-    );
     ensure_operator().await;
     let client = client().await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), OPERATOR_NS);
@@ -108,15 +99,6 @@ fn condition(md: &ModelDeployment, type_: &str) -> Option<(String, String)> {
 #[tokio::test]
 #[ignore = "needs the local cluster: make e2e"]
 async fn operator_reconciles_owned_objects_digest_verdicts_and_deletion() {
-    kubectl_ok(
-        &[
-            "apply",
-            "--server-side",
-            "-f",
-            repo_root().join("crds").to_str().unwrap(),
-        ],
-        None,
-    );
     ensure_operator().await;
     let ns = TestNamespace::new("op");
     let client = client().await;

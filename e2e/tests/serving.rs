@@ -186,15 +186,6 @@ async fn ready_replicas(deployments: &Api<Deployment>, name: &str) -> i32 {
 /// Scenario 2 and 3 for one metrics source: Ready, a chat through a pod IP, then load 1 → 3 → 1.
 /// With `kill_leader`, the operator leader is killed once the fleet reached 2 (mid-scale-up).
 async fn scale_with_load(source: &str, metrics_yaml: &str, kill_leader: bool, check_dashboard: bool) {
-    kubectl_ok(
-        &[
-            "apply",
-            "--server-side",
-            "-f",
-            repo_root().join("crds").to_str().unwrap(),
-        ],
-        None,
-    );
     ensure_operator().await;
     let ns = TestNamespace::new(&format!("serve-{}", source.to_lowercase()));
     let client = client().await;
@@ -387,15 +378,6 @@ async fn prometheus_metrics_scale_the_fleet_with_load_and_feed_the_dashboard() {
 #[ignore = "needs the local cluster: make e2e"]
 async fn a_bad_digest_on_update_leaves_the_old_pods_serving() {
     let _serial = SERIAL.lock().await;
-    kubectl_ok(
-        &[
-            "apply",
-            "--server-side",
-            "-f",
-            repo_root().join("crds").to_str().unwrap(),
-        ],
-        None,
-    );
     ensure_operator().await;
     let ns = TestNamespace::new("baddigest");
     let client = client().await;

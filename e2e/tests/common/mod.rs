@@ -144,11 +144,21 @@ pub fn cluster_dir() -> PathBuf {
     PathBuf::from(std::env::var("MF_CLUSTER_DIR").expect("MF_CLUSTER_DIR (from e2e/cluster env)"))
 }
 
-/// Installs (or upgrades) the chart once per test process and waits for a leader.
+/// Applies the CRDs and installs (or upgrades) the chart once per test process, then waits for a
+/// leader.
 pub async fn ensure_operator() {
     {
         let mut done = INSTALL.lock().unwrap();
         if !*done {
+            kubectl_ok(
+                &[
+                    "apply",
+                    "--server-side",
+                    "-f",
+                    repo_root().join("crds").to_str().unwrap(),
+                ],
+                None,
+            );
             let chart = repo_root().join("charts/modelfleet");
             let cache = cluster_dir().join("model-cache");
             let out = std::process::Command::new("helm")

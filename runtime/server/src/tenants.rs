@@ -121,8 +121,8 @@ fn redact(message: &str) -> String {
     out
 }
 
-/// Constant-time equality of two digests.
-fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+/// Constant-time equality of two digests (also the admin token's check).
+pub(crate) fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -234,16 +234,20 @@ impl Auth {
         match self {
             Auth::SingleTenant(t) => Ok(t.clone()),
             Auth::Keys(table) => {
-                let key = authorization
-                    .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
-                    .map(str::trim)
-                    .filter(|k| !k.is_empty())
-                    .ok_or(AuthError::Missing)?;
+                let key = bearer_token(authorization).ok_or(AuthError::Missing)?;
                 let snapshot = table.read().unwrap().clone();
                 snapshot.authenticate(key).ok_or(AuthError::Invalid)
             }
         }
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` header value, if there is a non-empty one.
+pub fn bearer_token(authorization: Option<&str>) -> Option<&str> {
+    authorization
+        .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
 }
 
 /// Loads the tenants file and returns the shared table.

@@ -4,6 +4,7 @@
 
 use super::state::AppState;
 use crate::api::error::{ApiError, ApiErrorKind};
+use crate::tenants::{bearer_token, ct_eq};
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -32,17 +33,11 @@ pub fn router(st: Arc<AppState>, token: Option<String>) -> Router {
 }
 
 fn check(admin: &Admin, headers: &HeaderMap) -> Result<(), ApiError> {
-    let presented = headers
+    let header = headers
         .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
-        .map(str::trim);
-    let ok = match (admin.token_sha256, presented) {
-        (Some(want), Some(p)) => {
-            let got: [u8; 32] = Sha256::digest(p.as_bytes()).into();
-            // Constant time over the digests.
-            got.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-        }
+        .and_then(|v| v.to_str().ok());
+    let ok = match (admin.token_sha256, bearer_token(header)) {
+        (Some(want), Some(p)) => ct_eq(&Sha256::digest(p.as_bytes()).into(), &want),
         _ => false,
     };
     if ok {

@@ -184,21 +184,15 @@ pub fn record(metrics: &RuntimeMetrics, model: &str, tenant: &str, f: &Finished)
     m.requests
         .with_label_values(&[model, tenant, f.reason.as_str()])
         .inc();
-    m.prompt_tokens
-        .with_label_values(&l)
-        .inc_by(u.prompt_tokens as u64);
-    m.cached_prompt_tokens
-        .with_label_values(&l)
-        .inc_by(u.cached_tokens as u64);
-    m.prefix_cache_queries
-        .with_label_values(&l)
-        .inc_by(u.prompt_tokens as u64);
-    m.prefix_cache_hits
-        .with_label_values(&l)
-        .inc_by(u.cached_tokens as u64);
-    m.generation_tokens
-        .with_label_values(&l)
-        .inc_by(u.completion_tokens as u64);
+    for (counter, n) in [
+        (&m.prompt_tokens, u.prompt_tokens),
+        (&m.cached_prompt_tokens, u.cached_tokens),
+        (&m.prefix_cache_queries, u.prompt_tokens),
+        (&m.prefix_cache_hits, u.cached_tokens),
+        (&m.generation_tokens, u.completion_tokens),
+    ] {
+        counter.with_label_values(&l).inc_by(n as u64);
+    }
     let t = f.timings;
     let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
     m.request_latency
@@ -229,10 +223,10 @@ pub fn record(metrics: &RuntimeMetrics, model: &str, tenant: &str, f: &Finished)
 }
 
 /// Usage over all choices: each prompt counted once (with its first choice's cache hits).
-pub fn usage<'a>(choices: impl Iterator<Item = (usize, u32, &'a ChoiceOut)>) -> UsageBody {
+pub fn usage<'a>(choices: impl Iterator<Item = (usize, &'a ChoiceOut)>) -> UsageBody {
     let mut u = UsageBody::default();
     let mut seen = std::collections::HashSet::new();
-    for (prompt_index, _, c) in choices {
+    for (prompt_index, c) in choices {
         let Some(f) = &c.finished else { continue };
         if seen.insert(prompt_index) {
             u.prompt_tokens += f.usage.prompt_tokens;
@@ -257,12 +251,38 @@ pub fn merged(running: Vec<Running>) -> stream::BoxStream<'static, (usize, Reque
     stream::select_all(streams).boxed()
 }
 
-/// Runs every choice to its end (non-streaming answers).
-pub async fn collect(st: &AppState, tenant: &str, running: Vec<Running>) -> Vec<ChoiceOut> {
+/// Every choice run to its end (non-streaming answers), with its place in the response.
+pub struct Collected {
+    /// (prompt index, response index) of each choice, in submission order.
+    pub keys: Vec<(usize, u32)>,
+    /// Each choice's output, in the same order.
+    pub outs: Vec<ChoiceOut>,
+}
+
+impl Collected {
+    /// Usage over all choices.
+    pub fn usage(&self) -> UsageBody {
+        usage(self.keys.iter().map(|k| k.0).zip(&self.outs))
+    }
+}
+
+/// Runs every choice to its end; a request whose every choice ended before its first token answers
+/// with that error.
+pub async fn collect(st: &AppState, tenant: &str, running: Vec<Running>) -> Result<Collected, ApiError> {
+    let keys: Vec<(usize, u32)> = running.iter().map(|r| (r.prompt_index, r.index)).collect();
     let mut outs: Vec<ChoiceOut> = running.iter().map(|_| ChoiceOut::default()).collect();
     let mut events = merged(running);
     while let Some((i, ev)) = events.next().await {
         outs[i].apply(st, tenant, &ev);
     }
-    outs
+    let errors: Vec<ApiError> = outs
+        .iter()
+        .filter_map(|o| o.finished.as_ref().and_then(early_failure))
+        .collect();
+    if errors.len() == outs.len()
+        && let Some(e) = errors.into_iter().next()
+    {
+        return Err(e);
+    }
+    Ok(Collected { keys, outs })
 }

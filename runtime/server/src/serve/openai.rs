@@ -186,13 +186,11 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
         )
         .await;
     }
-    let tenant_id = job.tenant.id.clone();
-    let keys: Vec<(usize, u32)> = running.iter().map(|r| (r.prompt_index, r.index)).collect();
-    let outs = generate::collect(&st, &tenant_id, running).await;
-    fail_if_nothing(&outs)?;
-    let choices = keys
+    let done = generate::collect(&st, &job.tenant.id, running).await?;
+    let choices = done
+        .keys
         .iter()
-        .zip(&outs)
+        .zip(&done.outs)
         .map(|(&(_, index), o)| ChatChoice {
             index,
             message: AssistantMessage {
@@ -203,7 +201,7 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
             finish_reason: o.finish_reason(),
         })
         .collect();
-    let usage = generate::usage(keys.iter().zip(&outs).map(|(&(p, i), o)| (p, i, o)));
+    let usage = done.usage();
     Ok(axum::Json(ChatCompletion {
         id,
         object: "chat.completion",
@@ -213,20 +211,6 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
         usage,
     })
     .into_response())
-}
-
-/// A request whose every choice ended before its first token answers with that error.
-fn fail_if_nothing(outs: &[ChoiceOut]) -> Result<(), ApiError> {
-    let errors: Vec<ApiError> = outs
-        .iter()
-        .filter_map(|o| o.finished.as_ref().and_then(generate::early_failure))
-        .collect();
-    if errors.len() == outs.len()
-        && let Some(e) = errors.into_iter().next()
-    {
-        return Err(e);
-    }
-    Ok(())
 }
 
 fn chat_logprobs(st: &AppState, lps: &[SampleOutput]) -> ChatLogprobs {
@@ -352,13 +336,11 @@ async fn completions_inner(
         };
         return stream_response(st, job.tenant.id.clone(), running, flavor, include_usage).await;
     }
-    let tenant_id = job.tenant.id.clone();
-    let keys: Vec<(usize, u32)> = running.iter().map(|r| (r.prompt_index, r.index)).collect();
-    let outs = generate::collect(&st, &tenant_id, running).await;
-    fail_if_nothing(&outs)?;
-    let choices = keys
+    let done = generate::collect(&st, &job.tenant.id, running).await?;
+    let choices = done
+        .keys
         .iter()
-        .zip(&outs)
+        .zip(&done.outs)
         .map(|(&(pi, index), o)| CompletionChoice {
             index,
             text: format!("{}{}", echo[pi], o.text),
@@ -366,7 +348,7 @@ async fn completions_inner(
             finish_reason: Some(o.finish_reason()),
         })
         .collect();
-    let usage = generate::usage(keys.iter().zip(&outs).map(|(&(p, i), o)| (p, i, o)));
+    let usage = done.usage();
     Ok(axum::Json(Completion {
         id,
         object: "text_completion",
@@ -501,7 +483,7 @@ async fn stream_response(
             let _ = tx.send(Event::default().data(e.body())).await;
         }
         if include_usage {
-            let usage = generate::usage(keys.iter().zip(&outs).map(|(&(p, i), o)| (p, i, o)));
+            let usage = generate::usage(keys.iter().map(|k| k.0).zip(&outs));
             let ev = match &flavor {
                 Flavor::Chat { id, .. } => sse_json(&ChatCompletionChunk {
                     id: id.clone(),
