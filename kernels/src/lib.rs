@@ -88,4 +88,14 @@ pub trait Kernels: Send + Sync {
     );
     /// `out[i] = x[rows[i]]` for rows of `width` elements.
     fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf);
+    /// `out[rows[i]] += scale · src[i]` for rows of `width` elements (a LoRA delta added back to the
+    /// rows of its group; `rows` holds no duplicates).
+    fn scatter_add_scaled(
+        &self,
+        src: &Self::Buf,
+        width: usize,
+        rows: &[usize],
+        scale: f32,
+        out: &mut Self::Buf,
+    );
 }

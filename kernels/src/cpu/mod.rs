@@ -142,4 +142,21 @@ impl Kernels for CpuKernels {
             out[i * width..(i + 1) * width].copy_from_slice(&x[r * width..(r + 1) * width]);
         }
     }
+
+    fn scatter_add_scaled(
+        &self,
+        src: &Vec<f32>,
+        width: usize,
+        rows: &[usize],
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) {
+        for (i, &r) in rows.iter().enumerate() {
+            let s = &src[i * width..(i + 1) * width];
+            out[r * width..(r + 1) * width]
+                .iter_mut()
+                .zip(s)
+                .for_each(|(o, v)| *o += scale * v);
+        }
+    }
 }

@@ -74,6 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             start_pos: 0,
             block_table: &table,
             logits: LogitsRows::Last,
+            adapter: None,
         };
         let out = model.forward(&kernels, &[input], &mut cache)?;
         if b == 0 {
@@ -105,6 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 start_pos: s.len() - 1,
                 block_table: t,
                 logits: LogitsRows::Last,
+                adapter: None,
             })
             .collect();
         let out = model.forward(&kernels, &inputs, &mut cache)?;
@@ -138,6 +140,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     start_pos: pos,
                     block_table: &table,
                     logits: LogitsRows::Last,
+                    adapter: None,
                 };
                 let got = model.forward(&kernels, &[input], &mut cache)?;
                 let same = got

@@ -60,6 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             start_pos: start,
             block_table: &table,
             logits: LogitsRows::Last,
+            adapter: None,
         };
         let logits = model.forward(&kernels, &[input], &mut cache)?;
         start = tokens.len();

@@ -101,6 +101,7 @@ fn start(a: &Args, max_num_seqs: usize, num_kv_blocks: usize) -> Result<EngineHa
         max_num_seqs,
         max_num_batched_tokens: a.max_num_batched_tokens,
         enable_prefix_caching: true,
+        max_loras: 4,
     };
     let limits = QueueLimits {
         max_queued_requests: 100_000,
@@ -155,7 +156,7 @@ fn request(md: &ModelDir, tenant: &str, prompt: Vec<u32>, max_tokens: usize) -> 
     Ok(Request {
         tenant: tenant.into(),
         cache_scope: tenant.into(),
-        adapter_digest: None,
+        adapter: None,
         cache_salt: None,
         priority: 0,
         prompt,

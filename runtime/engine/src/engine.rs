@@ -9,9 +9,12 @@
 use crate::ModelDir;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
+use crate::lora::LoraAdapter;
+use crate::model::lora::LoraWeights;
 use crate::model::{LlamaModel, Logits, SeqInput};
 use modelfleet_kernels::Kernels;
 use modelfleet_kernels::cpu::CpuKernels;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -28,6 +31,9 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// Sequences the pool is sized for when `num_kv_blocks` is `None` (`--max-num-seqs`).
     pub max_num_seqs: usize,
+    /// LoRA adapters kept uploaded to the kernels backend (`--max-loras`; the scheduler puts at most
+    /// this many in one step).
+    pub max_loras: usize,
 }
 
 impl Default for EngineConfig {
@@ -38,6 +44,7 @@ impl Default for EngineConfig {
             num_kv_blocks: None,
             max_model_len: None,
             max_num_seqs: 4,
+            max_loras: 4,
         }
     }
 }
@@ -51,6 +58,10 @@ pub struct Engine<K: Kernels = CpuKernels> {
     model: LlamaModel<K>,
     cache: KvCache<K>,
     max_model_len: usize,
+    /// Adapters uploaded to the backend, by [`LoraAdapter::id`], with the step that last used them.
+    loras: HashMap<u64, (LoraWeights<K>, u64)>,
+    max_loras: usize,
+    steps: u64,
 }
 
 impl Engine<CpuKernels> {
@@ -90,11 +101,21 @@ impl<K: Kernels> Engine<K> {
             model,
             cache,
             max_model_len,
+            loras: HashMap::new(),
+            max_loras: cfg.max_loras,
+            steps: 0,
         })
     }
 
     /// Runs one step over a ragged batch (see [`LlamaModel::forward`]).
     pub fn step(&mut self, batch: &[SeqInput<'_>]) -> Result<Logits> {
+        self.step_lora(batch, &[])
+    }
+
+    /// Runs one step in which sequence `i` uses `adapters[batch[i].adapter]` (see
+    /// [`LlamaModel::forward_lora`]). Adapters are uploaded on first use and kept while at most
+    /// `max_loras` are resident; the least recently used one not in this step is dropped first.
+    pub fn step_lora(&mut self, batch: &[SeqInput<'_>], adapters: &[Arc<LoraAdapter>]) -> Result<Logits> {
         if let Some(s) = batch
             .iter()
             .find(|s| s.start_pos + s.tokens.len() > self.max_model_len)
@@ -105,7 +126,35 @@ impl<K: Kernels> Engine<K> {
                 self.max_model_len
             )));
         }
-        self.model.forward(&self.kernels, batch, &mut self.cache)
+        self.steps += 1;
+        let layers = self.model.config().num_layers;
+        for a in adapters {
+            let entry = self
+                .loras
+                .entry(a.id)
+                .or_insert_with(|| (LoraWeights::upload(&self.kernels, a, layers), 0));
+            entry.1 = self.steps;
+        }
+        while self.loras.len() > self.max_loras.max(adapters.len()) {
+            let oldest = self
+                .loras
+                .iter()
+                .filter(|(_, (_, used))| *used < self.steps)
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(id, _)| *id);
+            match oldest {
+                Some(id) => self.loras.remove(&id),
+                None => break,
+            };
+        }
+        let weights: Vec<&LoraWeights<K>> = adapters.iter().map(|a| &self.loras[&a.id].0).collect();
+        self.model
+            .forward_lora(&self.kernels, batch, &weights, &mut self.cache)
+    }
+
+    /// Adapters currently uploaded to the backend.
+    pub fn resident_loras(&self) -> usize {
+        self.loras.len()
     }
 
     /// The context limit in force.

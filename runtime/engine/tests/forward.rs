@@ -129,6 +129,7 @@ fn alone(f: &Fixture, tokens: &[u32]) -> Vec<f32> {
         start_pos: 0,
         block_table: &table,
         logits: LogitsRows::All,
+        adapter: None,
     };
     f.model
         .forward(&f.kernels, &[seq], &mut cache)
@@ -175,6 +176,7 @@ fn logits_are_bit_identical_alone_or_in_a_mixed_batch() {
                 start_pos: start,
                 block_table: t,
                 logits: LogitsRows::All,
+                adapter: None,
             })
             .collect();
         let logits = f.model.forward(&f.kernels, &batch, &mut cache).unwrap();
@@ -209,12 +211,14 @@ fn last_row_logits_equal_the_last_of_all_rows() {
         start_pos: 0,
         block_table: &table,
         logits: LogitsRows::Last,
+        adapter: None,
     };
     let none = SeqInput {
         tokens: &p[..2],
         start_pos: 0,
         block_table: &[0],
         logits: LogitsRows::None,
+        adapter: None,
     };
     let out = f.model.forward(&f.kernels, &[none, seq], &mut cache).unwrap();
     assert!(out.last(0).is_none());
@@ -249,6 +253,7 @@ fn malformed_batches_are_errors() {
                 start_pos: 0,
                 block_table: &[0],
                 logits: LogitsRows::Last,
+                adapter: None,
             },
             "outside the vocabulary",
         ),
@@ -258,6 +263,7 @@ fn malformed_batches_are_errors() {
                 start_pos: 0,
                 block_table: &[0],
                 logits: LogitsRows::Last,
+                adapter: None,
             },
             "covers fewer than 5",
         ),
@@ -267,6 +273,7 @@ fn malformed_batches_are_errors() {
                 start_pos: 0,
                 block_table: &[9],
                 logits: LogitsRows::Last,
+                adapter: None,
             },
             "outside the KV cache",
         ),
@@ -276,6 +283,7 @@ fn malformed_batches_are_errors() {
                 start_pos: 0,
                 block_table: &[0],
                 logits: LogitsRows::Last,
+                adapter: None,
             },
             "no new tokens",
         ),
@@ -285,6 +293,7 @@ fn malformed_batches_are_errors() {
                 start_pos: 256,
                 block_table: &[0; 65],
                 logits: LogitsRows::Last,
+                adapter: None,
             },
             "max_position_embeddings",
         ),

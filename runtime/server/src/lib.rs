@@ -11,7 +11,10 @@
 //! - [`serve`]: `serve`, the OpenAI-compatible server around the engine, and its admin listener.
 //!
 //! - [`gen_adapter`]: `gen-adapter`, random PEFT LoRA adapters for a base model.
+//! - [`adapters`]: multi-LoRA's registry (names, generations, tenants, residency), source policy,
+//!   start-up list and per-adapter metrics.
 
+pub mod adapters;
 pub mod api;
 pub mod digest;
 pub mod fetch;

@@ -227,6 +227,11 @@ impl RuntimeMetrics {
         self.vllm_kv_usage.with_label_values(&[model]).set(usage);
     }
 
+    /// The registry every metric is in (other modules register theirs here).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

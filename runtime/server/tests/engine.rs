@@ -55,6 +55,7 @@ fn run(engine: &mut Engine, requests: Vec<(Vec<u32>, SamplingParams)>) -> Vec<(V
                 start_pos: reqs[i].computed,
                 block_table: t,
                 logits: LogitsRows::Last,
+                adapter: None,
             })
             .collect();
         let logits = engine.step(&batch).unwrap();
@@ -166,6 +167,7 @@ fn limits_are_checked_at_load_and_per_step() {
         start_pos: 0,
         block_table: &[0, 1, 2],
         logits: LogitsRows::Last,
+        adapter: None,
     };
     assert!(matches!(engine.step(&[seq]), Err(EngineError::Batch(m)) if m.contains("max_model_len (8)")));
 }

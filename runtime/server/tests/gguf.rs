@@ -53,6 +53,7 @@ fn engine_logits(md: &ModelDir) -> (Vec<u32>, Vec<Vec<f32>>) {
         start_pos: 0,
         block_table: &table,
         logits: LogitsRows::All,
+        adapter: None,
     };
     let out = model.forward(&kernels, &[seq], &mut cache).unwrap();
     let rows = out

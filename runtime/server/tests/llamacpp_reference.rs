@@ -119,6 +119,7 @@ fn engine_logits(md: &ModelDir, tokens: &[u32]) -> Vec<Vec<f32>> {
         start_pos: 0,
         block_table: &table,
         logits: LogitsRows::All,
+        adapter: None,
     };
     let out = model.forward(&kernels, &[seq], &mut cache).unwrap();
     out.seq(0)

@@ -116,6 +116,7 @@ fn check_shape(shape: Shape, dtype: GenDType) {
         start_pos: 0,
         block_table: &table,
         logits: LogitsRows::All,
+        adapter: None,
     };
     let out = model.forward(&kernels, &[seq], &mut cache).unwrap();
     let mut engine_logits: Vec<Vec<f32>> = out.seq(0).chunks(vocab).map(<[f32]>::to_vec).collect();
@@ -149,6 +150,7 @@ fn check_shape(shape: Shape, dtype: GenDType) {
             start_pos: pos,
             block_table: &table,
             logits: LogitsRows::Last,
+            adapter: None,
         };
         engine_logits.push(
             model

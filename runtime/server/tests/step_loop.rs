@@ -68,7 +68,7 @@ fn request(h: &EngineHandle, tenant: &str, prompt: Vec<u32>, max_tokens: usize) 
     Request {
         tenant: tenant.into(),
         cache_scope: tenant.into(),
-        adapter_digest: None,
+        adapter: None,
         cache_salt: None,
         priority: 0,
         prompt,
@@ -140,6 +140,7 @@ fn concurrent_requests_give_the_same_tokens_as_alone() {
         max_num_seqs: 8,
         max_num_batched_tokens: 32,
         enable_prefix_caching: true,
+        max_loras: 4,
     };
     let h = start(dir.path(), 256, cfg, roomy());
     let tok = &h.model_dir().tokenizer;

@@ -1,6 +1,6 @@
 //! LoRA adapters in PEFT's layout (`adapter_config.json` + `adapter_model.safetensors`), read and
-//! checked against the base model they are meant for. (The first part of multi-LoRA: applying the
-//! deltas per row group in the forward pass and the runtime's adapter registry come next.)
+//! checked against the base model they are meant for. The forward pass applies them per row group
+//! (`model::lora`); the server's registry decides which are resident.
 //!
 //! Invariants: an adapter is accepted only if every tensor it carries targets one of q/k/v/o/gate/up/
 //! down of an existing layer with exactly the base model's shapes, its rank is within the configured
@@ -14,25 +14,43 @@ pub use config::{AdapterConfig, Target};
 
 use crate::error::{EngineError, Result};
 use crate::model::{ModelConfig, Weights};
+use modelfleet_kernels::HostWeight;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// One target module's low-rank factors, as f32: `delta(x) = scale · B · (A · x)`.
 #[derive(Clone, Debug)]
 pub struct LoraPair {
     /// `A`: `rank × in_features`, row-major.
-    pub a: Vec<f32>,
+    pub a: HostWeight,
     /// `B`: `out_features × rank`, row-major.
-    pub b: Vec<f32>,
+    pub b: HostWeight,
     /// Input features of the base projection.
     pub in_features: usize,
     /// Output features of the base projection.
     pub out_features: usize,
 }
 
+/// Who an adapter is: the name clients use and the content digest its bytes were verified against
+/// (the digest keys the prefix cache, so two generations of one name never share blocks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterIdentity {
+    /// The served name.
+    pub name: String,
+    /// `sha256:<hex>` canonical digest of the adapter directory.
+    pub digest: String,
+}
+
 /// A loaded, validated adapter.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct LoraAdapter {
+    /// Unique per load in this process (the engine keys its uploaded copies by it).
+    pub id: u64,
+    /// Served name and digest.
+    pub identity: AdapterIdentity,
     /// The adapter directory.
     pub path: PathBuf,
     /// Its rank.
@@ -45,7 +63,8 @@ pub struct LoraAdapter {
 
 impl LoraAdapter {
     /// Reads the adapter at `dir` for a base model with `base`, refusing ranks above `max_rank`.
-    pub fn load(dir: &Path, base: &ModelConfig, max_rank: usize) -> Result<Self> {
+    /// `identity.digest` must be the digest `dir` was verified against.
+    pub fn load(dir: &Path, base: &ModelConfig, max_rank: usize, identity: AdapterIdentity) -> Result<Self> {
         let cfg_path = dir.join("adapter_config.json");
         let cfg = AdapterConfig::from_file(&cfg_path)?;
         let bad = |field: &str, message: String| EngineError::Config {
@@ -88,18 +107,22 @@ impl LoraAdapter {
             let prefix = &name[..name.len() - factor.len()];
             let a = weights.get(&format!("{prefix}lora_A.weight"), &[cfg.r, in_f])?;
             let b = weights.get(&format!("{prefix}lora_B.weight"), &[out_f, cfg.r])?;
-            let to_f32 = |w: &modelfleet_kernels::HostWeight| {
+            // Widened to f32 once: the factors are small and the delta is computed in f32.
+            let to_f32 = |w: &HostWeight| {
                 let d = w.data();
                 let mut v = vec![0.0; d.len()];
                 d.copy_to_f32(0, &mut v);
-                v
+                HostWeight::from_f32(&v, w.rows(), w.cols()).map_err(|e| EngineError::Weights {
+                    path: dir.to_path_buf(),
+                    tensor: name.into(),
+                    message: e.to_string(),
+                })
             };
-            let (av, bv) = (to_f32(&a), to_f32(&b));
             pairs.insert(
                 (layer, target),
                 LoraPair {
-                    a: av,
-                    b: bv,
+                    a: to_f32(&a)?,
+                    b: to_f32(&b)?,
                     in_features: in_f,
                     out_features: out_f,
                 },
@@ -119,11 +142,23 @@ impl LoraAdapter {
             cfg.lora_alpha / r
         };
         Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            identity,
             path: dir.to_path_buf(),
             rank: cfg.r,
             scale,
             pairs,
         })
+    }
+}
+
+impl LoraAdapter {
+    /// Bytes of its factors in memory.
+    pub fn bytes(&self) -> usize {
+        self.pairs
+            .values()
+            .map(|p| 4 * (p.a.rows() * p.a.cols() + p.b.rows() * p.b.cols()))
+            .sum()
     }
 }
 

@@ -30,6 +30,9 @@ pub struct SeqInput<'a> {
     pub block_table: &'a [u32],
     /// Which rows need logits.
     pub logits: LogitsRows,
+    /// The LoRA adapter applied to this sequence's rows: an index into the step's adapter list, or
+    /// `None` for the base model.
+    pub adapter: Option<usize>,
 }
 
 /// Logits of one step.

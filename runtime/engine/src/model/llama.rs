@@ -4,6 +4,8 @@
 //! paged attention (GQA) → output projection → residual; RMSNorm → SwiGLU MLP → residual. Then the
 //! final norm and LM head on the rows that asked for logits only.
 //!
+//! LoRA adapters add their deltas per row group right after each targeted projection (`model::lora`).
+//!
 //! Invariants: each weight is applied once per step to all rows of the batch (one matmul, never a loop
 //! of mat-vecs); every kernel is batch-invariant, so a sequence's logits do not depend on what else is
 //! in the batch (tested in `tests/forward.rs`); a malformed batch (token out of vocabulary, block
@@ -14,9 +16,11 @@
 
 use super::batch::{Logits, LogitsRows, SeqInput};
 use super::config::ModelConfig;
+use super::lora::{LoraPlan, LoraWeights};
 use super::weights::Weights;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
+use crate::lora::Target;
 use modelfleet_kernels::{AttnHeads, AttnSeq, Kernels, KvLayout, Rope};
 
 /// Per-pair RoPE frequency divisors (GGUF, llama3 scaling).
@@ -123,15 +127,32 @@ impl<K: Kernels> LlamaModel<K> {
     /// Runs one step over `batch`, writing the new tokens' K/V into `cache` and returning the logits
     /// the sequences asked for.
     pub fn forward(&self, kernels: &K, batch: &[SeqInput<'_>], cache: &mut KvCache<K>) -> Result<Logits> {
-        let plan = self.plan(batch, &cache.layout)?;
-        Ok(kernels.scope(|| self.run(kernels, batch, &plan, cache)))
+        self.forward_lora(kernels, batch, &[], cache)
+    }
+
+    /// [`Self::forward`] with LoRA adapters: a sequence whose `adapter` is `Some(i)` gets
+    /// `adapters[i]`'s deltas on its rows (see `model::lora`).
+    pub fn forward_lora(
+        &self,
+        kernels: &K,
+        batch: &[SeqInput<'_>],
+        adapters: &[&LoraWeights<K>],
+        cache: &mut KvCache<K>,
+    ) -> Result<Logits> {
+        let plan = self.plan(batch, adapters.len(), &cache.layout)?;
+        Ok(kernels.scope(|| self.run(kernels, batch, &plan, adapters, cache)))
     }
 
     /// Flattens and validates the batch (vLLM's `input_ids`, `positions`, `slot_mapping`).
-    fn plan(&self, batch: &[SeqInput<'_>], layout: &KvLayout) -> Result<Plan> {
+    fn plan(&self, batch: &[SeqInput<'_>], num_adapters: usize, layout: &KvLayout) -> Result<Plan> {
         let c = &self.config;
         let mut plan = Plan::default();
         for (i, s) in batch.iter().enumerate() {
+            if let Some(a) = s.adapter.filter(|&a| a >= num_adapters) {
+                return Err(EngineError::Batch(format!(
+                    "sequence {i} names adapter {a}, but the step has {num_adapters}"
+                )));
+            }
             let end = s.start_pos + s.tokens.len();
             if s.tokens.is_empty() {
                 return Err(EngineError::Batch(format!("sequence {i} has no new tokens")));
@@ -162,6 +183,7 @@ impl<K: Kernels> LlamaModel<K> {
                 plan.ids.push(t);
                 plan.positions.push((s.start_pos + j) as u32);
                 plan.slots.push(layout.slot_id(s.block_table, s.start_pos + j));
+                plan.row_adapter.push(s.adapter);
             }
             let n_out = plan.logit_rows.len();
             match s.logits {
@@ -174,7 +196,14 @@ impl<K: Kernels> LlamaModel<K> {
         Ok(plan)
     }
 
-    fn run(&self, k: &K, batch: &[SeqInput<'_>], plan: &Plan, cache: &mut KvCache<K>) -> Logits {
+    fn run(
+        &self,
+        k: &K,
+        batch: &[SeqInput<'_>],
+        plan: &Plan,
+        adapters: &[&LoraWeights<K>],
+        cache: &mut KvCache<K>,
+    ) -> Logits {
         let c = &self.config;
         let rows = plan.ids.len();
         let (h, hd) = (c.hidden_size, c.head_dim);
@@ -206,12 +235,23 @@ impl<K: Kernels> LlamaModel<K> {
         let mut gate = k.alloc(rows * c.intermediate_size);
         let mut up = k.alloc(rows * c.intermediate_size);
         let mut act = k.alloc(rows * c.intermediate_size);
+        let inter = c.intermediate_size;
+        let mut lora = LoraPlan::new(k, adapters, &plan.row_adapter, h.max(q_w).max(inter));
+        // Adds the LoRA deltas of `target` (input `x`, `in_w` wide) to `out` (`out_w` wide).
+        let mut delta = |l: usize, t: Target, x: &K::Buf, in_w: usize, out: &mut K::Buf, out_w: usize| {
+            if !lora.is_empty() {
+                lora.apply(k, (l, t), (x, in_w), (out, out_w));
+            }
+        };
         k.embedding(&self.embed, &plan.ids, &mut x);
         for (l, layer) in self.layers.iter().enumerate() {
             k.rms_norm(&x, rows, &layer.input_norm, c.rms_norm_eps, &mut xn);
             k.matmul(&xn, rows, &layer.q, layer.q_bias.as_ref(), &mut q);
+            delta(l, Target::Q, &xn, h, &mut q, q_w);
             k.matmul(&xn, rows, &layer.k, layer.k_bias.as_ref(), &mut kk);
+            delta(l, Target::K, &xn, h, &mut kk, kv_w);
             k.matmul(&xn, rows, &layer.v, layer.v_bias.as_ref(), &mut vv);
+            delta(l, Target::V, &xn, h, &mut vv, kv_w);
             let rope = Rope {
                 inv_freq: &self.inv_freq,
                 interleaved: c.rope_interleaved,
@@ -235,12 +275,16 @@ impl<K: Kernels> LlamaModel<K> {
                 &mut attn,
             );
             k.matmul(&attn, rows, &layer.o, layer.o_bias.as_ref(), &mut proj);
+            delta(l, Target::O, &attn, q_w, &mut proj, h);
             k.add_assign(&mut x, &proj, rows * h);
             k.rms_norm(&x, rows, &layer.post_norm, c.rms_norm_eps, &mut xn);
             k.matmul(&xn, rows, &layer.gate, None, &mut gate);
+            delta(l, Target::Gate, &xn, h, &mut gate, inter);
             k.matmul(&xn, rows, &layer.up, None, &mut up);
-            k.silu_mul(&gate, &up, &mut act, rows * c.intermediate_size);
+            delta(l, Target::Up, &xn, h, &mut up, inter);
+            k.silu_mul(&gate, &up, &mut act, rows * inter);
             k.matmul(&act, rows, &layer.down, None, &mut proj);
+            delta(l, Target::Down, &act, inter, &mut proj, h);
             k.add_assign(&mut x, &proj, rows * h);
         }
         let n_out = plan.logit_rows.len();
@@ -275,6 +319,8 @@ struct Plan {
     ids: Vec<u32>,
     positions: Vec<u32>,
     slots: Vec<u32>,
+    /// Per row, its sequence's adapter index.
+    row_adapter: Vec<Option<usize>>,
     /// Batch rows whose logits are returned, in order.
     logit_rows: Vec<usize>,
     /// Per sequence, its range in `logit_rows`.

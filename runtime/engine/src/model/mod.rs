@@ -5,6 +5,7 @@ mod config;
 pub mod gguf;
 pub(crate) mod gguf_model;
 mod llama;
+pub mod lora;
 mod weights;
 
 pub use batch::{Logits, LogitsRows, SeqInput};

@@ -17,5 +17,7 @@ pub mod step_loop;
 
 pub use admission::{AdmissionGate, QueueLimits, Rejection, TenantLimits};
 pub use request::{Finished, Request, RequestEvent, Timings, TokenOut, Usage};
-pub use scheduler::{Batch, FinishHook, SchedCounters, ScheduledSeq, Scheduler, SchedulerConfig};
+pub use scheduler::{
+    AdapterCount, Batch, FinishHook, SchedCounters, ScheduledSeq, Scheduler, SchedulerConfig,
+};
 pub use step_loop::{EngineHandle, RequestStream, Stats};

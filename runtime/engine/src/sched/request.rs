@@ -6,8 +6,10 @@
 //! [`RequestEvent::Finished`], last, whatever ends it (stop, length, cancel, deadline, error).
 
 use crate::kv::RequestId;
+use crate::lora::LoraAdapter;
 use crate::sampling::{SampleOutput, ValidSamplingParams};
 use crate::stop::FinishReason;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A request as the scheduler receives it (prompt already tokenized and checked against the context).
@@ -17,8 +19,9 @@ pub struct Request {
     pub tenant: String,
     /// The prefix-cache scope (the tenant, or the deployment when the operator chose so).
     pub cache_scope: String,
-    /// Content digest of the LoRA adapter in use, if any (part of every block hash).
-    pub adapter_digest: Option<String>,
+    /// The LoRA adapter applied, if any (its content digest is part of every block hash). Holding it
+    /// keeps this generation's weights alive until the request ends, whatever the registry does.
+    pub adapter: Option<Arc<LoraAdapter>>,
     /// A caller's `cache_salt`: narrows sharing to requests with the same salt.
     pub cache_salt: Option<String>,
     /// Lower runs first, and only among this tenant's requests.

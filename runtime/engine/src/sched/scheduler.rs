@@ -25,11 +25,12 @@ use super::admission::AdmissionGate;
 use super::fair_queue::{FairQueue, QueueKey};
 use super::request::{EventSender, Finished, Request, RequestEvent, Submitted, Timings, TokenOut, Usage};
 use crate::kv::{BlockHash, BlockPool, HashExtras, KvCacheManager, PrefixCachingPool, RequestId, hash_block};
+use crate::lora::LoraAdapter;
 use crate::model::{Logits, LogitsRows, SeqInput};
 use crate::sequence::Sequence;
 use crate::stop::FinishReason;
 use crate::tokenizer::Tokenizer;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,6 +43,9 @@ pub struct SchedulerConfig {
     pub max_num_batched_tokens: usize,
     /// Reuse cached full blocks (`--enable-prefix-caching`).
     pub enable_prefix_caching: bool,
+    /// Most distinct LoRA adapters among running requests, so in any step (`--max-loras`). A waiting
+    /// request whose adapter would exceed it waits (skipped with its tenant for the step), never fails.
+    pub max_loras: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -50,6 +54,7 @@ impl Default for SchedulerConfig {
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
             enable_prefix_caching: true,
+            max_loras: 4,
         }
     }
 }
@@ -86,6 +91,17 @@ impl Batch {
     }
 }
 
+/// Requests of one adapter (for the per-adapter metrics).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterCount {
+    /// The adapter's served name.
+    pub name: String,
+    /// Its requests running.
+    pub running: usize,
+    /// Its requests waiting.
+    pub waiting: usize,
+}
+
 /// Counters since start (for metrics and benchmarks).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SchedCounters {
@@ -100,7 +116,7 @@ pub struct SchedCounters {
 struct Entry {
     tenant: String,
     scope: String,
-    adapter: Option<String>,
+    adapter: Option<Arc<LoraAdapter>>,
     salt: Option<String>,
     key: QueueKey,
     /// Prompt then output.
@@ -122,7 +138,7 @@ impl Entry {
     fn extend_hashes(&mut self, bs: usize) {
         let extras = HashExtras {
             scope: &self.scope,
-            adapter_digest: self.adapter.as_deref(),
+            adapter_digest: self.adapter.as_ref().map(|a| a.identity.digest.as_str()),
             cache_salt: self.salt.as_deref(),
         };
         while (self.hashes.len() + 1) * bs <= self.tokens.len() {
@@ -195,7 +211,7 @@ impl Scheduler {
         let Request {
             tenant,
             cache_scope,
-            adapter_digest,
+            adapter,
             cache_salt,
             priority,
             prompt,
@@ -217,7 +233,7 @@ impl Scheduler {
         let entry = Entry {
             tenant,
             scope: cache_scope,
-            adapter: adapter_digest,
+            adapter,
             salt: cache_salt,
             key,
             tokens: prompt,
@@ -429,6 +445,11 @@ impl Scheduler {
     fn admit_waiting(&mut self, now: Instant, budget: &mut usize, batch: &mut Batch) {
         let bs = self.kv.block_size();
         let mut skip: Vec<String> = Vec::new();
+        let mut adapters: HashSet<u64> = self
+            .running
+            .iter()
+            .filter_map(|id| self.entries[id].adapter.as_ref().map(|a| a.id))
+            .collect();
         while *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
             let Some((tenant, key, id)) = self.queue.peek(&skip) else {
                 break;
@@ -436,6 +457,15 @@ impl Scheduler {
             let tenant = tenant.to_owned();
             let caching = self.cfg.enable_prefix_caching;
             let e = self.entries.get_mut(&id).expect("queued entry");
+            let adapter = e.adapter.as_ref().map(|a| a.id);
+            if let Some(a) = adapter
+                && !adapters.contains(&a)
+                && adapters.len() >= self.cfg.max_loras
+            {
+                // Its adapter would be one too many in the batch: it waits for a slot.
+                skip.push(tenant);
+                continue;
+            }
             let total = e.tokens.len();
             let mut prefix = Vec::new();
             if caching {
@@ -466,6 +496,7 @@ impl Scheduler {
             self.queue.admit(&tenant, key);
             self.queue.charge(&tenant, n);
             self.running.push(id);
+            adapters.extend(adapter);
             batch.seqs.push(ScheduledSeq {
                 id,
                 start: computed,
@@ -476,22 +507,54 @@ impl Scheduler {
         }
     }
 
-    /// The model's inputs for `batch` (borrowing the requests' tokens and block tables).
-    pub fn inputs(&self, batch: &Batch) -> Vec<SeqInput<'_>> {
-        batch
+    /// The model's inputs for `batch` (borrowing the requests' tokens and block tables) and the
+    /// distinct adapters they use, which `SeqInput::adapter` indexes.
+    pub fn inputs(&self, batch: &Batch) -> (Vec<SeqInput<'_>>, Vec<Arc<LoraAdapter>>) {
+        let mut adapters: Vec<Arc<LoraAdapter>> = Vec::new();
+        let inputs = batch
             .seqs
             .iter()
-            .map(|s| SeqInput {
-                tokens: &self.entries[&s.id].tokens[s.start..s.start + s.len],
-                start_pos: s.start,
-                block_table: self.kv.block_table(s.id),
-                logits: if s.sample {
-                    LogitsRows::Last
-                } else {
-                    LogitsRows::None
-                },
+            .map(|s| {
+                let e = &self.entries[&s.id];
+                let adapter = e.adapter.as_ref().map(|a| {
+                    adapters.iter().position(|x| x.id == a.id).unwrap_or_else(|| {
+                        adapters.push(a.clone());
+                        adapters.len() - 1
+                    })
+                });
+                SeqInput {
+                    tokens: &e.tokens[s.start..s.start + s.len],
+                    start_pos: s.start,
+                    block_table: self.kv.block_table(s.id),
+                    logits: if s.sample {
+                        LogitsRows::Last
+                    } else {
+                        LogitsRows::None
+                    },
+                    adapter,
+                }
             })
-            .collect()
+            .collect();
+        (inputs, adapters)
+    }
+
+    /// Per adapter (by served name) in use: requests running and waiting, sorted by name.
+    pub fn adapter_counts(&self) -> Vec<AdapterCount> {
+        let mut counts: BTreeMap<&str, AdapterCount> = BTreeMap::new();
+        for e in self.entries.values() {
+            let Some(a) = &e.adapter else { continue };
+            let c = counts.entry(&a.identity.name).or_insert_with(|| AdapterCount {
+                name: a.identity.name.clone(),
+                running: 0,
+                waiting: 0,
+            });
+            if e.running {
+                c.running += 1;
+            } else {
+                c.waiting += 1;
+            }
+        }
+        counts.into_values().collect()
     }
 
     /// Applies a step's results: advances computed counts, registers newly full blocks, samples a

@@ -13,7 +13,7 @@
 
 use super::admission::{AdmissionGate, QueueLimits, Rejection, TenantLimits};
 use super::request::{EventReceiver, Request, RequestEvent, Submitted};
-use super::scheduler::{FinishHook, SchedCounters, Scheduler, SchedulerConfig};
+use super::scheduler::{AdapterCount, FinishHook, SchedCounters, Scheduler, SchedulerConfig};
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::kv::{BlockPool, RequestId};
@@ -34,7 +34,7 @@ enum Command {
 
 /// What the loop publishes after every step (for `/metrics`, autoscaling and benchmarks). Published
 /// after the step's events are sent, so it may lag a just-received `Finished` by one step.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Stats {
     /// Requests waiting.
     pub waiting: usize,
@@ -60,6 +60,8 @@ pub struct Stats {
     pub model_seconds: f64,
     /// Seconds spent scheduling and building batches.
     pub schedule_seconds: f64,
+    /// Requests per LoRA adapter in use, sorted by name.
+    pub adapters: Vec<AdapterCount>,
 }
 
 impl Stats {
@@ -225,7 +227,7 @@ impl EngineHandle {
 
     /// The latest published stats.
     pub fn stats(&self) -> Stats {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The admission gate (queue depth, closing for drain).
@@ -339,9 +341,9 @@ fn run<K: Kernels>(
             }
             continue;
         }
-        let inputs = sched.inputs(&batch);
+        let (inputs, adapters) = sched.inputs(&batch);
         let t1 = Instant::now();
-        let result = engine.step(&inputs);
+        let result = engine.step_lora(&inputs, &adapters);
         drop(inputs);
         match result {
             Ok(logits) => sched.update(&batch, &logits, tok),
@@ -366,5 +368,6 @@ fn publish(sched: &Scheduler, local: &mut Stats, out: &Mutex<Stats>) {
     local.kv_slots_unused = sched.kv_slots_unused();
     local.kv_slots_unused_peak = local.kv_slots_unused_peak.max(local.kv_slots_unused);
     local.counters = sched.counters();
-    *out.lock().unwrap_or_else(|e| e.into_inner()) = *local;
+    local.adapters = sched.adapter_counts();
+    *out.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();
 }

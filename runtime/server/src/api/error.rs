@@ -24,6 +24,11 @@ pub enum ApiErrorKind {
         /// Seconds the client should wait.
         retry_after_secs: u32,
     },
+    /// 422: well-formed, but the artifact it names cannot be used (admin API: digest mismatch,
+    /// an adapter that does not fit the base model).
+    Unprocessable,
+    /// 502: an upstream source failed (admin API: the adapter could not be downloaded).
+    BadGateway,
     /// 503: not ready, or shutting down.
     Unavailable,
     /// 504: the deadline passed before the first token.
@@ -99,6 +104,8 @@ impl ApiError {
             ApiErrorKind::NotFound => 404,
             ApiErrorKind::ContextLength => 413,
             ApiErrorKind::RateLimited { .. } => 429,
+            ApiErrorKind::Unprocessable => 422,
+            ApiErrorKind::BadGateway => 502,
             ApiErrorKind::Unavailable => 503,
             ApiErrorKind::Timeout => 504,
             ApiErrorKind::Internal => 500,
@@ -108,7 +115,10 @@ impl ApiError {
     /// OpenAI's `type` string.
     pub fn type_str(&self) -> &'static str {
         match self.kind {
-            ApiErrorKind::InvalidRequest | ApiErrorKind::ContextLength => "invalid_request_error",
+            ApiErrorKind::InvalidRequest | ApiErrorKind::ContextLength | ApiErrorKind::Unprocessable => {
+                "invalid_request_error"
+            }
+            ApiErrorKind::BadGateway => "upstream_error",
             ApiErrorKind::Authentication => "authentication_error",
             ApiErrorKind::PermissionDenied => "permission_error",
             ApiErrorKind::NotFound => "not_found_error",

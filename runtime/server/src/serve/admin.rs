@@ -1,11 +1,19 @@
 //! The admin listener (its own port, its own bearer token from `--admin-token-file`): the adapter API
-//! of DESIGN.md. Multi-LoRA is not built yet, so the list is empty and loading is refused with 501
-//! naming that; the listener, its authentication and its health endpoint are real.
+//! of DESIGN.md — `GET /v1/adapters`, `POST /v1/adapters {name, uri, digest, tenants}` (fetch, verify,
+//! check against the base model, publish; 201 for a new name or generation, 200 when that name and
+//! digest were already loaded), `DELETE /v1/adapters/{name}`.
+//!
+//! Invariants: nothing is answered without the token (compared in constant time on its SHA-256);
+//! errors carry a stable `code` the operator maps to condition reasons (`digest_mismatch`,
+//! `incompatible`, `invalid_artifact`, `uri_not_allowed`, `source_unavailable`, `invalid_request`,
+//! `adapter_not_found`); the token is never logged.
 
 use super::state::AppState;
+use crate::adapters::AdapterSpec;
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::tenants::{bearer_token, ct_eq};
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -13,22 +21,26 @@ use axum::routing::{delete, get};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
+/// Largest admin request body.
+const MAX_BODY: usize = 64 << 10;
+
 struct Admin {
     /// SHA-256 of the token (compared in constant time); `None` refuses everything.
     token_sha256: Option<[u8; 32]>,
-    _st: Arc<AppState>,
+    st: Arc<AppState>,
 }
 
 /// The admin router.
 pub fn router(st: Arc<AppState>, token: Option<String>) -> Router {
     let admin = Arc::new(Admin {
         token_sha256: token.map(|t| Sha256::digest(t.as_bytes()).into()),
-        _st: st,
+        st,
     });
     Router::new()
         .route("/v1/adapters", get(list).post(load))
         .route("/v1/adapters/{name}", delete(unload))
         .route("/health", get(|| async { "ok" }))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(admin)
 }
 
@@ -52,33 +64,67 @@ fn check(admin: &Admin, headers: &HeaderMap) -> Result<(), ApiError> {
 
 async fn list(State(a): State<Arc<Admin>>, headers: HeaderMap) -> Response {
     match check(&a, &headers) {
-        Ok(()) => axum::Json(serde_json::json!({"object": "list", "data": []})).into_response(),
+        Ok(()) => {
+            axum::Json(serde_json::json!({"object": "list", "data": a.st.adapters.list()})).into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
 
-fn not_built() -> Response {
-    (
-        StatusCode::NOT_IMPLEMENTED,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        serde_json::json!({"error": {
-            "message": "LoRA adapters are not supported by this runtime version yet",
-            "type": "not_implemented", "param": null, "code": "adapters_not_supported"}})
-        .to_string(),
-    )
+fn parse_spec(body: &[u8]) -> Result<AdapterSpec, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| ApiError {
+        code: Some("invalid_request".into()),
+        ..ApiError::invalid("body", format!("the body is not valid JSON: {e}"))
+    })?;
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let param = if path == "." { "body".to_string() } else { path };
+        ApiError {
+            code: Some("invalid_request".into()),
+            ..ApiError::invalid(param.clone(), format!("`{param}`: {}", e.inner()))
+        }
+    })
+}
+
+async fn load(
+    State(a): State<Arc<Admin>>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let run = async {
+        check(&a, &headers)?;
+        let body = body.map_err(|e| ApiError::invalid("body", format!("cannot read the body: {e}")))?;
+        let spec = parse_spec(&body)?;
+        a.st.adapters.load(spec).await
+    };
+    match run.await {
+        Ok((created, info)) => {
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            (status, axum::Json(info)).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn unload(State(a): State<Arc<Admin>>, headers: HeaderMap, Path(name): Path<String>) -> Response {
+    if let Err(e) = check(&a, &headers) {
+        return e.into_response();
+    }
+    if a.st.adapters.unload(&name).await {
+        axum::Json(serde_json::json!({"name": name, "deleted": true})).into_response()
+    } else {
+        ApiError {
+            code: Some("adapter_not_found".into()),
+            param: Some("name".into()),
+            ..ApiError::new(
+                ApiErrorKind::NotFound,
+                format!("no adapter named `{name}` is loaded"),
+            )
+        }
         .into_response()
-}
-
-async fn load(State(a): State<Arc<Admin>>, headers: HeaderMap) -> Response {
-    match check(&a, &headers) {
-        Ok(()) => not_built(),
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn unload(State(a): State<Arc<Admin>>, headers: HeaderMap, Path(_name): Path<String>) -> Response {
-    match check(&a, &headers) {
-        Ok(()) => not_built(),
-        Err(e) => e.into_response(),
     }
 }

@@ -9,11 +9,13 @@
 //! logged as one JSON line (never with a key or prompt text).
 
 use super::state::AppState;
+use crate::adapters::ModelChoice;
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::response::{PromptTokensDetails, UsageBody};
 use crate::metrics::RuntimeMetrics;
 use crate::tenants::Tenant;
 use futures::stream::{self, StreamExt};
+use modelfleet_engine::lora::LoraAdapter;
 use modelfleet_engine::sampling::{SampleOutput, ValidSamplingParams};
 use modelfleet_engine::sched::{Finished, Rejection, Request, RequestEvent, RequestStream, TenantLimits};
 use modelfleet_engine::stop::FinishReason;
@@ -44,6 +46,38 @@ pub struct JobSpec {
     pub timeout: Option<f64>,
     /// When the HTTP request arrived.
     pub arrival: Instant,
+    /// The `model` the caller named (echoed in responses).
+    pub model: String,
+    /// The adapter's weights, for a request naming an adapter (see [`acquire_adapter`]).
+    pub adapter: Option<Arc<LoraAdapter>>,
+}
+
+impl JobSpec {
+    /// When the request must be done: its `timeout` (at most the server's limit) after arrival.
+    pub fn deadline(&self, st: &AppState) -> Instant {
+        let timeout = self
+            .timeout
+            .unwrap_or(st.limits.max_timeout_secs)
+            .min(st.limits.max_timeout_secs);
+        self.arrival + Duration::from_secs_f64(timeout.max(0.0))
+    }
+}
+
+/// Gets the weights of the adapter `choice` names (reloading them if they were evicted, waiting for
+/// a memory slot until the request's deadline), or `None` for the base model.
+pub async fn acquire_adapter(
+    st: &AppState,
+    choice: &ModelChoice,
+    job: &JobSpec,
+) -> Result<Option<Arc<LoraAdapter>>, ApiError> {
+    match choice {
+        ModelChoice::Base => Ok(None),
+        ModelChoice::Adapter(name) => st
+            .adapters
+            .acquire(name, &job.tenant.id, job.deadline(st))
+            .await
+            .map(Some),
+    }
 }
 
 /// A submitted choice.
@@ -62,17 +96,13 @@ pub fn submit(st: &AppState, job: &JobSpec, choices: Vec<ChoiceSpec>) -> Result<
         max_concurrent_requests: job.tenant.max_concurrent_requests.map(|v| v as usize),
         max_queued_tokens: job.tenant.max_queued_tokens.map(|v| v as usize),
     };
-    let timeout = job
-        .timeout
-        .unwrap_or(st.limits.max_timeout_secs)
-        .min(st.limits.max_timeout_secs);
-    let deadline = job.arrival + Duration::from_secs_f64(timeout.max(0.0));
+    let deadline = job.deadline(st);
     let mut out = Vec::with_capacity(choices.len());
     for c in choices {
         let request = Request {
             tenant: job.tenant.id.clone(),
             cache_scope: st.cache_scope(&job.tenant),
-            adapter_digest: None,
+            adapter: job.adapter.clone(),
             cache_salt: job.cache_salt.clone(),
             priority: job.priority,
             prompt: c.prompt,

@@ -98,15 +98,35 @@ pub struct ServeArgs {
         default_value = "tenant"
     )]
     pub prefix_cache_scope: CacheScope,
-    /// Most LoRA adapters in one batch (multi-LoRA is not built yet; accepted for the operator).
-    #[arg(long, env = "MODELFLEET_MAX_LORAS")]
-    pub max_loras: Option<usize>,
-    /// Most LoRA adapters kept in memory (not built yet; accepted).
+    /// Most distinct LoRA adapters in one batch; requests for another adapter wait for a slot.
+    #[arg(long, env = "MODELFLEET_MAX_LORAS", default_value_t = 4)]
+    pub max_loras: usize,
+    /// Most LoRA adapters kept in memory (default: `--max-loras`); others reload from disk on demand.
     #[arg(long, env = "MODELFLEET_MAX_CPU_LORAS")]
     pub max_cpu_loras: Option<usize>,
-    /// Largest LoRA rank (not built yet; accepted).
-    #[arg(long, env = "MODELFLEET_MAX_LORA_RANK")]
-    pub max_lora_rank: Option<usize>,
+    /// Largest LoRA rank accepted.
+    #[arg(long, env = "MODELFLEET_MAX_LORA_RANK", default_value_t = 16)]
+    pub max_lora_rank: usize,
+    /// Adapters to load before `/ready` turns 200 (JSON `{"adapters": [{name, uri, digest, tenants}]}`).
+    #[arg(long, env = "MODELFLEET_ADAPTERS_FILE")]
+    pub adapters_file: Option<PathBuf>,
+    /// Where fetched adapters are kept, by digest (default: a temporary directory removed at exit).
+    #[arg(long, env = "MODELFLEET_ADAPTER_DIR")]
+    pub adapter_dir: Option<PathBuf>,
+    /// URI schemes adapters may come from (of file, http, https, hf).
+    #[arg(
+        long,
+        env = "MODELFLEET_ADAPTER_URI_SCHEMES",
+        value_delimiter = ',',
+        default_value = "file,https,hf"
+    )]
+    pub adapter_uri_schemes: Vec<String>,
+    /// Directories `file://` adapters must lie under (none: `file://` adapters are refused).
+    #[arg(long, env = "MODELFLEET_ADAPTER_FILE_ROOTS", value_delimiter = ',')]
+    pub adapter_file_roots: Vec<PathBuf>,
+    /// Hugging Face Hub endpoint for `hf://` adapters (the token comes from `HF_TOKEN`).
+    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
+    pub hf_endpoint: String,
     /// Longest request `timeout`, seconds (also the default).
     #[arg(long, env = "MODELFLEET_MAX_REQUEST_TIMEOUT", default_value_t = 600.0)]
     pub max_request_timeout: f64,
@@ -192,10 +212,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let (threads, block_size, max_num_seqs) = (args.threads, args.block_size, args.max_num_seqs);
     let (num_kv_blocks, max_model_len) = (args.num_kv_blocks, args.max_model_len);
+    let max_loras = args.max_loras;
+    let max_cpu_loras = args.max_cpu_loras.unwrap_or(max_loras);
+    if max_loras == 0 || max_cpu_loras < max_loras || !(1..=512).contains(&args.max_lora_rank) {
+        bail!(
+            "--max-loras must be >= 1 (got {max_loras}), --max-cpu-loras >= --max-loras (got {max_cpu_loras}), \
+             --max-lora-rank in [1, 512] (got {})",
+            args.max_lora_rank
+        );
+    }
+    if let Some(bad) = args
+        .adapter_uri_schemes
+        .iter()
+        .find(|s| !["file", "http", "https", "hf"].contains(&s.as_str()))
+    {
+        bail!("--adapter-uri-schemes: unknown scheme {bad:?} (use file, http, https, hf)");
+    }
     let sched = SchedulerConfig {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
         enable_prefix_caching: !args.no_enable_prefix_caching,
+        max_loras,
     };
     let queue = QueueLimits {
         max_queued_requests: args.max_num_queued_reqs,
@@ -219,6 +256,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             num_kv_blocks: Some(num_kv_blocks.unwrap_or(tokens.div_ceil(block_size.max(1)))),
             max_model_len,
             max_num_seqs,
+            max_loras,
         };
         Engine::load_with(md, CpuKernels::new(threads), &cfg)
     };
@@ -226,7 +264,51 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || EngineHandle::start_with_hook(load, sched, queue, Some(hook)))
             .await?
             .with_context(|| format!("loading {}", args.model.display()))?;
+    let startup_adapters = match &args.adapters_file {
+        Some(p) => Some(
+            crate::adapters::startup::read(p).with_context(|| format!("--adapters-file {}", p.display()))?,
+        ),
+        None => None,
+    };
+    // The store: the given directory, or a temporary one that lives as long as the server.
+    let (store, _store_guard) = match &args.adapter_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("--adapter-dir {}", d.display()))?;
+            (d.clone(), None)
+        }
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("modelfleet-adapters-")
+                .tempdir()
+                .context("creating a temporary adapter directory")?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    };
+    let lora_metrics = Arc::new(crate::adapters::LoraMetrics::new(
+        metrics.registry(),
+        &name,
+        max_loras,
+    ));
+    let registry = crate::adapters::Registry::new(
+        crate::adapters::RegistryConfig {
+            max_cpu_loras,
+            max_lora_rank: args.max_lora_rank,
+            max_adapters: 1024,
+            store,
+            policy: crate::adapters::UriPolicy {
+                schemes: args.adapter_uri_schemes.clone(),
+                file_roots: args.adapter_file_roots.clone(),
+            },
+            hf_endpoint: args.hf_endpoint.clone(),
+            token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
+        },
+        engine.model_dir().config.clone(),
+        name.clone(),
+        lora_metrics,
+    );
     let st = Arc::new(AppState {
+        adapters: Arc::new(registry),
+        adapters_ready: Default::default(),
         engine: Arc::new(engine),
         auth,
         metrics,
@@ -261,6 +343,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         st.served_name,
         st.engine.model_dir().path.display()
     );
+    // Start-up adapters load while the server listens (so liveness holds); `/ready` waits for them.
+    {
+        let st = st.clone();
+        tokio::spawn(async move {
+            if let Some(file) = startup_adapters {
+                crate::adapters::startup::load_all(&st.adapters, file).await;
+            }
+            st.adapters_ready.store(true, Ordering::SeqCst);
+        });
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = routes::router(st.clone(), args.max_body_bytes);
     let admin_app = admin::router(st.clone(), admin_token);

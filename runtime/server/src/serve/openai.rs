@@ -71,7 +71,12 @@ fn choice_specs(
     Ok(out)
 }
 
-fn job(tenant: Arc<crate::tenants::Tenant>, s: &Sampling, arrival: Instant) -> Result<JobSpec, ApiError> {
+fn job(
+    tenant: Arc<crate::tenants::Tenant>,
+    model: &str,
+    s: &Sampling,
+    arrival: Instant,
+) -> Result<JobSpec, ApiError> {
     if let Some(t) = s.timeout
         && !(t.is_finite() && t > 0.0)
     {
@@ -86,6 +91,8 @@ fn job(tenant: Arc<crate::tenants::Tenant>, s: &Sampling, arrival: Instant) -> R
         cache_salt: s.cache_salt.clone(),
         timeout: s.timeout,
         arrival,
+        model: model.to_owned(),
+        adapter: None,
     })
 }
 
@@ -133,7 +140,7 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
     let tenant = st.authenticate(&headers)?;
     st.check_open(&tenant)?;
     let req = wire::parse_chat(&body(raw)?)?;
-    st.check_model(&req.model)?;
+    let choice = st.check_model(&req.model, &tenant)?;
     let md = st.model().clone();
     let template = md.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("messages", "this model has no chat template; use /v1/completions")
@@ -166,7 +173,8 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
         &st.limits,
     )?;
     let specs = choice_specs(&st, vec![prompt], base, n)?;
-    let job = job(tenant, &req.sampling, arrival)?;
+    let mut job = job(tenant, &req.model, &req.sampling, arrival)?;
+    job.adapter = generate::acquire_adapter(&st, &choice, &job).await?;
     let running = generate::submit(&st, &job, specs)?;
     let id = format!("chatcmpl-{}", running[0].stream.id);
     let stream = req.sampling.stream.unwrap_or(false);
@@ -179,7 +187,7 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
     if stream {
         return stream_response(
             st,
-            job.tenant.id.clone(),
+            (job.tenant.id.clone(), job.model.clone()),
             running,
             Flavor::Chat { id, with_logprobs },
             include_usage,
@@ -206,7 +214,7 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
         id,
         object: "chat.completion",
         created: unix_now(),
-        model: st.served_name.clone(),
+        model: job.model.clone(),
         choices,
         usage,
     })
@@ -274,7 +282,7 @@ async fn completions_inner(
     let tenant = st.authenticate(&headers)?;
     st.check_open(&tenant)?;
     let req = wire::parse_completion(&body(raw)?)?;
-    st.check_model(&req.model)?;
+    let choice = st.check_model(&req.model, &tenant)?;
     let md = st.model().clone();
     let encode = |t: &str| {
         md.tokenizer
@@ -319,7 +327,8 @@ async fn completions_inner(
         vec![String::new(); prompts.len()]
     };
     let specs = choice_specs(&st, prompts, base, n)?;
-    let job = job(tenant, &req.sampling, arrival)?;
+    let mut job = job(tenant, &req.model, &req.sampling, arrival)?;
+    job.adapter = generate::acquire_adapter(&st, &choice, &job).await?;
     let running = generate::submit(&st, &job, specs)?;
     let id = format!("cmpl-{}", running[0].stream.id);
     let include_usage = req
@@ -334,7 +343,8 @@ async fn completions_inner(
             with_logprobs,
             echo: running.iter().map(|r| echo[r.prompt_index].clone()).collect(),
         };
-        return stream_response(st, job.tenant.id.clone(), running, flavor, include_usage).await;
+        let who = (job.tenant.id.clone(), job.model.clone());
+        return stream_response(st, who, running, flavor, include_usage).await;
     }
     let done = generate::collect(&st, &job.tenant.id, running).await?;
     let choices = done
@@ -353,7 +363,7 @@ async fn completions_inner(
         id,
         object: "text_completion",
         created: unix_now(),
-        model: st.served_name.clone(),
+        model: job.model.clone(),
         choices,
         usage: Some(usage),
     })
@@ -381,7 +391,7 @@ fn sse_json<T: serde::Serialize>(v: &T) -> Event {
 /// before producing anything gets a proper status code instead of a stream.
 async fn stream_response(
     st: Arc<AppState>,
-    tenant: String,
+    (tenant, model): (String, String),
     running: Vec<Running>,
     flavor: Flavor,
     include_usage: bool,
@@ -399,7 +409,6 @@ async fn stream_response(
     let created = unix_now();
     tokio::spawn(async move {
         let mut outs: Vec<ChoiceOut> = keys.iter().map(|_| ChoiceOut::default()).collect();
-        let model = st.served_name.clone();
         // Opening chunks.
         for (i, &(_, index)) in keys.iter().enumerate() {
             let ev = match &flavor {

@@ -45,6 +45,9 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
     if st.draining.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
     }
+    if !st.adapters_ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "loading start-up adapters").into_response();
+    }
     "ready".into_response()
 }
 
@@ -66,21 +69,27 @@ async fn openapi(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = st.authenticate(&headers) {
-        return e.into_response();
-    }
-    axum::Json(ModelList {
-        object: "list",
-        data: vec![ModelCard {
-            id: st.served_name.clone(),
-            object: "model",
-            created: st.created,
-            owned_by: "modelfleet",
-            parent: None,
-            max_model_len: st.engine.max_model_len(),
-        }],
-    })
-    .into_response()
+    let tenant = match st.authenticate(&headers) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let card = |id: String, parent: Option<String>| ModelCard {
+        id,
+        object: "model",
+        created: st.created,
+        owned_by: "modelfleet",
+        parent,
+        max_model_len: st.engine.max_model_len(),
+    };
+    // The base, then the adapters this tenant may use (never the others).
+    let mut data = vec![card(st.served_name.clone(), None)];
+    data.extend(
+        st.adapters
+            .visible(&tenant.id)
+            .into_iter()
+            .map(|a| card(a, Some(st.served_name.clone()))),
+    );
+    axum::Json(ModelList { object: "list", data }).into_response()
 }
 
 /// `POST /tokenize`: a prompt, or chat messages rendered with the template.
@@ -129,10 +138,10 @@ fn parse<T: serde::de::DeserializeOwned>(raw: RawBody) -> Result<T, ApiError> {
 
 async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawBody) -> Response {
     let run = || -> Result<TokenizeResponse, ApiError> {
-        st.authenticate(&headers)?;
+        let tenant = st.authenticate(&headers)?;
         let req: TokenizeRequest = parse(raw)?;
         if let Some(m) = &req.model {
-            st.check_model(m)?;
+            st.check_model(m, &tenant)?;
         }
         let md = st.model();
         let tokens = match (&req.prompt, &req.messages) {
@@ -178,10 +187,10 @@ async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawB
 
 async fn detokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawBody) -> Response {
     let run = || -> Result<DetokenizeResponse, ApiError> {
-        st.authenticate(&headers)?;
+        let tenant = st.authenticate(&headers)?;
         let req: DetokenizeRequest = parse(raw)?;
         if let Some(m) = &req.model {
-            st.check_model(m)?;
+            st.check_model(m, &tenant)?;
         }
         let vocab = st.model().config.vocab_size;
         if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {

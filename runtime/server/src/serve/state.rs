@@ -2,6 +2,7 @@
 //! and whether the server is draining for shutdown.
 
 use super::params::RequestLimits;
+use crate::adapters::{ModelChoice, Registry};
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::metrics::{EngineGauges, RuntimeMetrics};
 use crate::tenants::{Auth, AuthError, Tenant};
@@ -38,6 +39,10 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// When the server started (Unix seconds), for `/v1/models`.
     pub created: u64,
+    /// LoRA adapters.
+    pub adapters: Arc<Registry>,
+    /// Set once the start-up adapters were loaded (or recorded as failed): `/ready` waits for it.
+    pub adapters_ready: AtomicBool,
 }
 
 impl AppState {
@@ -77,22 +82,10 @@ impl AppState {
         })
     }
 
-    /// `model` must name what this server serves.
-    pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
-        if model != self.served_name {
-            return Err(ApiError {
-                param: Some("model".into()),
-                code: Some("model_not_found".into()),
-                ..ApiError::new(
-                    ApiErrorKind::NotFound,
-                    format!(
-                        "the model `{model}` does not exist here; this server serves `{}`",
-                        self.served_name
-                    ),
-                )
-            });
-        }
-        Ok(())
+    /// `model` must name the base model or an adapter `tenant` may use (403 for an adapter it may
+    /// not, 404 for anything else).
+    pub fn check_model(&self, model: &str, tenant: &Tenant) -> Result<ModelChoice, ApiError> {
+        self.adapters.resolve(model, &tenant.id)
     }
 
     /// The prefix-cache scope of a tenant's requests.
@@ -116,5 +109,6 @@ impl AppState {
                 blocks_total: s.kv_blocks_total as u64,
             },
         );
+        self.adapters.metrics().refresh(&s.adapters);
     }
 }

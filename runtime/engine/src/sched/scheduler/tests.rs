@@ -35,6 +35,7 @@ fn harness(max_num_seqs: usize, max_num_batched_tokens: usize, blocks: usize, bs
         max_num_seqs,
         max_num_batched_tokens,
         enable_prefix_caching: true,
+        max_loras: 4,
     };
     Harness {
         s: Scheduler::new(cfg, blocks, bs, 4096, vec![EOS], gate.clone()),
@@ -86,7 +87,7 @@ impl Harness {
             request: Request {
                 tenant: r.tenant.into(),
                 cache_scope: r.tenant.into(),
-                adapter_digest: None,
+                adapter: None,
                 cache_salt: None,
                 priority: r.priority,
                 prompt: r.prompt,
@@ -123,7 +124,7 @@ impl Harness {
             }
         }
         // The inputs must be buildable: every table covers its grant.
-        for (inp, seq) in self.s.inputs(&batch).iter().zip(&batch.seqs) {
+        for (inp, seq) in self.s.inputs(&batch).0.iter().zip(&batch.seqs) {
             assert!(inp.block_table.len() * self.s.kv.block_size() >= seq.start + seq.len);
         }
         self.s.update(&batch, &logits, &self.tok);
