@@ -22,6 +22,9 @@ pub struct OperatorConfig {
     pub model_cache: ModelCache,
     /// Seconds a runtime pod gets to drain in-flight requests on SIGTERM.
     pub termination_grace_seconds: i64,
+    /// Directories under which runtime pods may read `file://` adapters (`--adapter-file-roots`). The
+    /// cluster admin's choice, never a namespace user's: empty means no `file://` adapters at all.
+    pub adapter_file_roots: Vec<String>,
 }
 
 impl Default for OperatorConfig {
@@ -30,6 +33,7 @@ impl Default for OperatorConfig {
             runtime_image: "modelfleet/runtime:latest".into(),
             model_cache: ModelCache::HostPath("/var/lib/modelfleet/cache".into()),
             termination_grace_seconds: 60,
+            adapter_file_roots: Vec::new(),
         }
     }
 }

@@ -56,6 +56,14 @@ pub fn admin_secret_name(md: &str) -> String {
     format!("{md}-admin-token")
 }
 
+/// Name of the ConfigMap listing the adapters a runtime pod loads before it reports ready.
+pub fn adapters_configmap_name(md: &str) -> String {
+    format!("{md}-adapters")
+}
+
+/// Finalizer on LoraAdapters: the adapter is unloaded from the pods before the object goes away.
+pub const LORA_FINALIZER: &str = "modelfleet.io/lora-unload";
+
 #[cfg(test)]
 mod tests {
     use super::*;

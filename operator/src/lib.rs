@@ -6,11 +6,14 @@
 //!   the status ([`status`], a pure function of what was observed) only when it changed.
 //! - [`autoscaler`]: queue depth and KV-cache pressure in, a replica count out; its decision lives in
 //!   `status.desiredReplicas`, never in the user's spec.
+//! - [`lora`]: the LoraAdapter controller — loads adapters onto ready pods through the runtime's admin
+//!   API (calls run as tasks, off the reconcile path), per-pod state in status, unload on deletion.
 //! - [`leader`]: leader election on a `Lease`, so two replicas can run and one fails over.
 //! - [`telemetry`]: `/metrics`, `/healthz`, `/readyz` and the operator's own Prometheus metrics.
 //!
 //! Invariants: nothing but the reconciler's one server-side apply writes the runtime Deployment (so its
-//! replicas never have two writers); status contains nothing that changes without a change in the world.
+//! replicas never have two writers) and the adapters ConfigMap; status contains nothing that changes
+//! without a change in the world; no reconcile pass waits on a runtime pod's admin API.
 
 pub mod autoscaler;
 pub mod builders;
@@ -18,8 +21,11 @@ pub mod config;
 pub mod controller;
 pub mod labels;
 pub mod leader;
+pub mod lora;
 pub mod status;
 pub mod telemetry;
+#[cfg(test)]
+pub(crate) mod testing;
 
 /// Errors of a reconcile pass.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,6 @@
 //! `modelfleet-operator`: the controller binary. Subcommands:
-//! - `run` — the controller: leader election on a Lease, then the ModelDeployment reconciler, with
-//!   `/metrics`, `/healthz` and `/readyz` on `--metrics-bind-address`.
+//! - `run` — the controllers: leader election on a Lease, then the ModelDeployment and LoraAdapter
+//!   reconcilers, with `/metrics`, `/healthz` and `/readyz` on `--metrics-bind-address`.
 //! - `crds [--out-dir DIR]` prints (or writes) the CRD YAML that `crds/` holds, generated from
 //!   `modelfleet-crds`.
 
@@ -55,6 +55,10 @@ struct RunArgs {
     /// No model cache: every runtime pod downloads the model.
     #[arg(long, env = "MODELFLEET_NO_MODEL_CACHE")]
     no_model_cache: bool,
+    /// Directories under which runtime pods may read `file://` adapters (comma-separated; passed to every
+    /// runtime pod as `--adapter-file-roots`). Empty: `file://` adapters are refused.
+    #[arg(long, env = "MODELFLEET_ADAPTER_FILE_ROOTS", value_delimiter = ',')]
+    adapter_file_roots: Vec<String>,
     /// Seconds runtime pods get to drain on SIGTERM.
     #[arg(long, env = "MODELFLEET_TERMINATION_GRACE_SECONDS", default_value_t = 60)]
     termination_grace_seconds: i64,
@@ -110,6 +114,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             ModelCache::HostPath(args.model_cache_host_path)
         },
         termination_grace_seconds: args.termination_grace_seconds,
+        adapter_file_roots: args
+            .adapter_file_roots
+            .into_iter()
+            .map(|r| r.trim().to_string())
+            .filter(|r| !r.is_empty())
+            .collect(),
     };
     let identity = args
         .identity
@@ -153,7 +163,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         metrics.leader.set(1);
     }
-    tracing::info!(%identity, "starting the ModelDeployment controller");
-    modelfleet_operator::controller::run(client, cfg, metrics, &identity).await;
+    tracing::info!(%identity, "starting the ModelDeployment and LoraAdapter controllers");
+    tokio::join!(
+        modelfleet_operator::controller::run(client.clone(), cfg, metrics.clone(), &identity),
+        modelfleet_operator::lora::run(client, metrics, &identity),
+    );
     Ok(())
 }

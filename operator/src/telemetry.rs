@@ -1,5 +1,5 @@
 //! The operator's own observability: Prometheus metrics (reconciles, errors by reason, durations, status
-//! writes, autoscaler decisions, leadership) and the `/metrics`, `/healthz`, `/readyz` endpoints.
+//! writes, autoscaler decisions, adapter admin calls, leadership) and the `/metrics`, `/healthz`, `/readyz` endpoints.
 
 use axum::Router;
 use axum::extract::State;
@@ -22,6 +22,10 @@ pub struct Metrics {
     pub status_writes: IntCounter,
     /// Replica changes decided by the built-in autoscaler, by direction.
     pub scaling_decisions: IntCounterVec,
+    /// Admin calls to runtime pods (adapter loads and unloads), by kind and result.
+    pub adapter_calls: IntCounterVec,
+    /// LoraAdapter status writes.
+    pub adapter_status_writes: IntCounter,
     /// 1 while this replica holds the leader Lease.
     pub leader: IntGauge,
     /// Set once the process can serve (the API client is up).
@@ -62,6 +66,19 @@ impl Default for Metrics {
             &["direction"],
         )
         .unwrap();
+        let adapter_calls = IntCounterVec::new(
+            Opts::new(
+                "modelfleet_operator_adapter_calls_total",
+                "Admin calls to runtime pods by kind (load, unload) and result (ok or a condition reason)",
+            ),
+            &["kind", "result"],
+        )
+        .unwrap();
+        let adapter_status_writes = IntCounter::new(
+            "modelfleet_operator_adapter_status_writes_total",
+            "LoraAdapter status writes",
+        )
+        .unwrap();
         let leader =
             IntGauge::new("modelfleet_operator_leader", "1 while this replica is the leader").unwrap();
         for c in [
@@ -70,6 +87,8 @@ impl Default for Metrics {
             Box::new(duration.clone()),
             Box::new(status_writes.clone()),
             Box::new(scaling_decisions.clone()),
+            Box::new(adapter_calls.clone()),
+            Box::new(adapter_status_writes.clone()),
             Box::new(leader.clone()),
         ] {
             registry.register(c).unwrap();
@@ -81,6 +100,8 @@ impl Default for Metrics {
             duration,
             status_writes,
             scaling_decisions,
+            adapter_calls,
+            adapter_status_writes,
             leader,
             ready: AtomicBool::new(false),
         }

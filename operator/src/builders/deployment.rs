@@ -3,20 +3,22 @@
 //!
 //! Invariants: rolling updates never reduce serving capacity (`maxUnavailable: 0`), so a bad new revision
 //! (e.g. a digest mismatch in its init container) leaves the old ReplicaSet serving; the tenants Secret is
-//! mounted as a directory (not copied, not `subPath`) so key rotation reaches running pods; `replicas` is
-//! a parameter — the caller decides it from spec or autoscaler, nothing else writes it.
+//! mounted as a directory (not copied, not `subPath`) so key rotation reaches running pods; so is the
+//! adapters ConfigMap, and the template carries no hash of it, so adding an adapter never restarts a pod
+//! (running pods get it through the admin API, new ones from the file before they turn ready);
+//! `replicas` is a parameter — the caller decides it from spec or autoscaler, nothing else writes it.
 
 use super::owned_meta;
 use crate::config::{ModelCache, OperatorConfig};
 use crate::labels::{
-    ADMIN_PORT, DIGEST_ANNOTATION, FETCH_CONTAINER, HTTP_PORT, RUNTIME_CONTAINER, admin_secret_name,
-    selector_labels, workload_name,
+    ADMIN_PORT, DIGEST_ANNOTATION, FETCH_CONTAINER, HTTP_PORT, RUNTIME_CONTAINER, adapters_configmap_name,
+    admin_secret_name, selector_labels, workload_name,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec,
-    Probe, SecretVolumeSource, Volume, VolumeMount,
+    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec,
+    PodTemplateSpec, Probe, SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -32,6 +34,10 @@ pub const CACHE_DIR: &str = "/var/lib/modelfleet/cache";
 pub const ADMIN_DIR: &str = "/etc/modelfleet/admin";
 /// Where the tenants Secret is mounted.
 pub const TENANTS_DIR: &str = "/etc/modelfleet/tenants";
+/// Where the adapters ConfigMap is mounted (a directory, so updates reach running pods).
+pub const ADAPTERS_DIR: &str = "/etc/modelfleet/adapters";
+/// Where a runtime pod stores the adapters it fetched and verified (an emptyDir).
+pub const ADAPTER_STORE_DIR: &str = "/var/lib/modelfleet/adapters";
 
 /// The served model name: `spec.model.servedName`, else the ModelDeployment's name.
 pub fn served_name(md: &ModelDeployment) -> String {
@@ -80,7 +86,7 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
                 }),
                 spec: Some(PodSpec {
                     init_containers: Some(vec![fetch_container(md, &image, &cfg.model_cache)]),
-                    containers: vec![runtime_container(md, &runtime, &image, &cfg.model_cache)],
+                    containers: vec![runtime_container(md, &runtime, &image, cfg)],
                     volumes: Some(volumes(md, &cfg.model_cache)),
                     termination_grace_period_seconds: Some(cfg.termination_grace_seconds),
                     automount_service_account_token: Some(false),
@@ -158,8 +164,8 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     }
 }
 
-/// `serve` flags from the spec; unset fields keep the runtime's defaults.
-pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec) -> Vec<String> {
+/// `serve` flags from the spec and the operator's settings; unset fields keep the runtime's defaults.
+pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorConfig) -> Vec<String> {
     let mut args: Vec<String> = [
         "serve",
         "--model",
@@ -174,9 +180,17 @@ pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec) -> Vec<String> {
         &ADMIN_PORT.to_string(),
         "--admin-token-file",
         &format!("{ADMIN_DIR}/token"),
+        "--adapters-file",
+        &format!("{ADAPTERS_DIR}/{}", super::adapters::ADAPTERS_KEY),
+        "--adapter-dir",
+        ADAPTER_STORE_DIR,
     ]
     .map(String::from)
     .to_vec();
+    if !cfg.adapter_file_roots.is_empty() {
+        args.push("--adapter-file-roots".into());
+        args.push(cfg.adapter_file_roots.join(","));
+    }
     let mut flag = |name: &str, value: Option<String>| {
         if let Some(v) = value {
             args.push(format!("--{name}"));
@@ -229,9 +243,8 @@ fn runtime_container(
     md: &ModelDeployment,
     runtime: &RuntimeSpec,
     image: &str,
-    cache: &ModelCache,
+    cfg: &OperatorConfig,
 ) -> Container {
-    let _ = cache;
     let mut env = vec![
         field_env("POD_IP", "status.podIP"),
         field_env("POD_NAME", "metadata.name"),
@@ -241,6 +254,8 @@ fn runtime_container(
     let mut mounts = vec![
         mount("model", MODEL_DIR, true),
         mount("admin-token", ADMIN_DIR, true),
+        mount("adapters", ADAPTERS_DIR, true),
+        mount("adapter-store", ADAPTER_STORE_DIR, false),
     ];
     if md.spec.tenants.is_some() {
         mounts.push(mount("tenants", TENANTS_DIR, true));
@@ -248,7 +263,7 @@ fn runtime_container(
     Container {
         name: RUNTIME_CONTAINER.into(),
         image: Some(image.into()),
-        args: Some(serve_args(md, runtime)),
+        args: Some(serve_args(md, runtime, cfg)),
         env: Some(env),
         ports: Some(vec![
             ContainerPort {
@@ -288,6 +303,19 @@ fn volumes(md: &ModelDeployment, cache: &ModelCache) -> Vec<Volume> {
                 default_mode: Some(0o400),
                 ..Default::default()
             }),
+            ..Default::default()
+        },
+        Volume {
+            name: "adapters".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: adapters_configmap_name(&name),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "adapter-store".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
             ..Default::default()
         },
     ];
@@ -381,7 +409,11 @@ mod tests {
                 "--admin-port",
                 "8001",
                 "--admin-token-file",
-                "/etc/modelfleet/admin/token"
+                "/etc/modelfleet/admin/token",
+                "--adapters-file",
+                "/etc/modelfleet/adapters/adapters.json",
+                "--adapter-dir",
+                "/var/lib/modelfleet/adapters"
             ]
         );
         let env: Vec<&str> = main
@@ -434,7 +466,10 @@ mod tests {
             .iter()
             .map(|v| v.name.as_str())
             .collect();
-        assert_eq!(volumes, ["model", "admin-token", "model-cache"]);
+        assert_eq!(
+            volumes,
+            ["model", "admin-token", "adapters", "adapter-store", "model-cache"]
+        );
     }
 
     #[test]
@@ -534,8 +569,78 @@ mod tests {
         let md = md(&format!(
             "  model:\n    uri: file:///m\n    digest: \"{DIGEST}\"\n  runtime:\n    prefixCaching:\n      enabled: false\n"
         ));
-        let args = serve_args(&md, md.spec.runtime.as_ref().unwrap());
+        let args = serve_args(&md, md.spec.runtime.as_ref().unwrap(), &OperatorConfig::default());
         assert!(args.contains(&"--no-enable-prefix-caching".to_string()));
         assert!(!args.contains(&"--prefix-cache-scope".to_string()));
+    }
+
+    #[test]
+    fn adapters_come_from_a_mounted_directory_and_never_restart_pods() {
+        let d = desired_deployment(&minimal(), &OperatorConfig::default(), 1);
+        let pod = pod_spec(&d);
+        let volume = pod
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == "adapters")
+            .unwrap();
+        let cm = volume.config_map.as_ref().unwrap();
+        assert_eq!(cm.name, "smollm2-adapters");
+        assert_eq!(cm.optional, None, "a pod never starts without its adapter list");
+        let store = pod
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == "adapter-store")
+            .unwrap();
+        assert!(store.empty_dir.is_some());
+        let main = &pod.containers[0];
+        let mounts = main.volume_mounts.as_ref().unwrap();
+        let m = mounts.iter().find(|m| m.name == "adapters").unwrap();
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only, m.sub_path.as_deref()),
+            (ADAPTERS_DIR, Some(true), None),
+            "a directory mount (not subPath) so ConfigMap updates reach running pods"
+        );
+        let s = mounts.iter().find(|m| m.name == "adapter-store").unwrap();
+        assert_eq!((s.mount_path.as_str(), s.read_only), (ADAPTER_STORE_DIR, None));
+        let annotations = d
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap();
+        assert!(
+            annotations
+                .keys()
+                .all(|k| !k.contains("adapter") && !k.contains("config")),
+            "no ConfigMap hash in the pod template: {annotations:?}"
+        );
+        let args = main.args.as_ref().unwrap();
+        assert!(
+            !args.contains(&"--adapter-file-roots".to_string()),
+            "none by default"
+        );
+    }
+
+    #[test]
+    fn adapter_file_roots_are_the_operators_setting() {
+        let cfg = OperatorConfig {
+            adapter_file_roots: vec!["/srv/adapters".into(), "/mnt/shared".into()],
+            ..Default::default()
+        };
+        let d = desired_deployment(&minimal(), &cfg, 1);
+        let args = pod_spec(&d).containers[0].args.as_ref().unwrap().join(" ");
+        assert!(
+            args.contains("--adapter-file-roots /srv/adapters,/mnt/shared"),
+            "{args}"
+        );
     }
 }

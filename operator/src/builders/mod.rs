@@ -2,11 +2,13 @@
 //! reconciler only applies what these return (server-side apply, one field manager, owned by the CR), so
 //! everything the operator creates is unit-tested here without a cluster.
 
+pub mod adapters;
 pub mod deployment;
 pub mod pdb;
 pub mod secret;
 pub mod service;
 
+pub use adapters::desired_adapters_configmap;
 pub use deployment::desired_deployment;
 pub use pdb::desired_pdb;
 pub use secret::desired_admin_secret;

@@ -2,8 +2,9 @@
 //! the desired objects with server-side apply, and writes status only when it changed.
 //!
 //! Watches: ModelDeployments (spec changes only — the generation predicate drops our own status writes),
-//! the Deployments they own, and runtime Pods (init-container verdicts, readiness). Builtin-autoscaled
-//! deployments are also requeued every few seconds so metrics are read on a steady cadence.
+//! the Deployments they own, runtime Pods (init-container verdicts, readiness), and LoraAdapters (their
+//! start-up list, the `<md>-adapters` ConfigMap, is written here). Builtin-autoscaled deployments are
+//! also requeued every few seconds so metrics are read on a steady cadence.
 
 mod apply;
 mod events;
@@ -25,8 +26,8 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Client, ResourceExt};
-use modelfleet_crds::ModelDeployment;
 use modelfleet_crds::model_deployment::{AutoscalingMode, ModelDeploymentStatus};
+use modelfleet_crds::{LoraAdapter, ModelDeployment};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -76,10 +77,18 @@ pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, ide
     let pods_cfg = watcher::Config::default().labels(&format!("app.kubernetes.io/name={APP_NAME}"));
     Controller::for_stream(trigger, reader)
         .owns(Api::<Deployment>::all(client.clone()), watcher::Config::default())
-        .watches(Api::<Pod>::all(client), pods_cfg, |pod: Pod| {
+        .watches(Api::<Pod>::all(client.clone()), pods_cfg, |pod: Pod| {
             let md = pod.labels().get(MODEL_DEPLOYMENT_LABEL)?.clone();
             Some(ObjectRef::<ModelDeployment>::new(&md).within(&pod.namespace()?))
         })
+        .watches(
+            Api::<LoraAdapter>::all(client),
+            watcher::Config::default(),
+            |a: LoraAdapter| {
+                let md = &a.spec.model_deployment_ref.name;
+                Some(ObjectRef::<ModelDeployment>::new(md).within(&a.namespace()?))
+            },
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -138,10 +147,18 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         .await?
         .items;
     let tenants = tenants_secret(&secrets, &md).await?;
+    let adapters: Vec<LoraAdapter> = Api::<LoraAdapter>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|a| crate::lora::desired::references(a, &ns, &name))
+        .collect();
+    let startup = crate::lora::desired::startup_entries(&adapters, &builders::deployment::served_name(&md));
 
     // Decide the replica count, then apply everything the operator owns.
     let scaled = scale::replicas(&md, existing.as_ref(), &pods, &ctx).await;
-    apply::owned_objects(&md, &ctx, &secrets, scaled.replicas).await?;
+    apply::owned_objects(&md, &ctx, &secrets, scaled.replicas, &startup).await?;
     let deployment = deployments.get_opt(&name).await?;
 
     // Status, from what was observed.

@@ -5,7 +5,8 @@
 use super::{Context, reconcile};
 use crate::config::OperatorConfig;
 use crate::telemetry::Metrics;
-use http::{Method, Request, Response, StatusCode};
+use crate::testing::{Handle, echo, expect, not_found, ok};
+use http::{Method, Request, Response};
 use kube::Client;
 use kube::client::Body;
 use kube::runtime::events::{Recorder, Reporter};
@@ -13,8 +14,6 @@ use modelfleet_crds::ModelDeployment;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
 const NS: &str = "serving";
 const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
@@ -50,49 +49,6 @@ fn context(client: Client) -> Arc<Context> {
     })
 }
 
-fn not_found() -> Response<Body> {
-    let body =
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
-    Response::builder()
-        .status(StatusCode::NOT_FOUND)
-        .body(Body::from(body.to_string().into_bytes()))
-        .unwrap()
-}
-
-fn ok(body: &Value) -> Response<Body> {
-    Response::builder()
-        .body(Body::from(body.to_string().into_bytes()))
-        .unwrap()
-}
-
-/// One expected request: method, path (and query), and what to answer. Returns the request body.
-async fn expect(
-    handle: &mut Handle,
-    method: Method,
-    path: &str,
-    answer: impl FnOnce(&Value) -> Response<Body>,
-) -> Value {
-    let (request, send) = handle
-        .next_request()
-        .await
-        .expect("the reconciler made another request");
-    assert_eq!(request.method(), method, "for {}", request.uri());
-    let uri = request.uri().to_string();
-    assert!(uri.starts_with(path), "expected {method} {path}, got {uri}");
-    let bytes = request.into_body().collect_bytes().await.unwrap();
-    let body: Value = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).unwrap()
-    };
-    send.send_response(answer(&body));
-    body
-}
-
-fn echo(body: &Value) -> Response<Body> {
-    ok(body)
-}
-
 /// The API server's answer to a status apply: the whole object with that status.
 fn with_status(body: &Value) -> Response<Body> {
     ok(&serde_json::to_value(md(json!({}), Some(body["status"].clone()))).unwrap())
@@ -119,6 +75,21 @@ const APPS: &str = "/apis/apps/v1/namespaces/serving/deployments";
 const PODS: &str = "/api/v1/namespaces/serving/pods";
 const SECRETS: &str = "/api/v1/namespaces/serving/secrets";
 
+const ADAPTERS: &str = "/apis/modelfleet.io/v1alpha1/namespaces/serving/loraadapters";
+
+/// A LoraAdapter list holding one adapter of `smollm2` and one of another deployment.
+fn adapter_list() -> Value {
+    let adapter = |name: &str, md: &str| {
+        json!({"apiVersion": "modelfleet.io/v1alpha1", "kind": "LoraAdapter",
+               "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "generation": 1,
+                            "creationTimestamp": "2027-01-15T08:00:00Z"},
+               "spec": {"modelDeploymentRef": {"name": md}, "uri": format!("file:///adapters/{name}"),
+                        "digest": DIGEST, "tenants": ["team-a"]}})
+    };
+    json!({"apiVersion": "modelfleet.io/v1alpha1", "kind": "LoraAdapterList", "metadata": {},
+           "items": [adapter("sql", "smollm2"), adapter("other", "another-model")]})
+}
+
 /// The requests of a pass up to (not including) the status write; returns the applied Deployment.
 async fn observe_and_apply(handle: &mut Handle, tenants: Option<Response<Body>>) -> Value {
     expect(handle, Method::GET, &format!("{APPS}/smollm2"), |_| not_found()).await;
@@ -132,6 +103,10 @@ async fn observe_and_apply(handle: &mut Handle, tenants: Option<Response<Body>>)
     if let Some(answer) = tenants {
         expect(handle, Method::GET, &format!("{SECRETS}/keys"), |_| answer).await;
     }
+    expect(handle, Method::GET, &format!("{ADAPTERS}?"), |_| {
+        ok(&adapter_list())
+    })
+    .await;
     expect(
         handle,
         Method::GET,
@@ -147,6 +122,23 @@ async fn observe_and_apply(handle: &mut Handle, tenants: Option<Response<Body>>)
     )
     .await;
     assert_eq!(secret["kind"], "Secret");
+    // The start-up list comes before the Deployment whose pods mount it: only this deployment's adapters.
+    let configmap = expect(
+        handle,
+        Method::PATCH,
+        "/api/v1/namespaces/serving/configmaps/smollm2-adapters?&force=true&fieldManager=modelfleet-operator",
+        echo,
+    )
+    .await;
+    let listed: Value = serde_json::from_str(configmap["data"]["adapters.json"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        listed,
+        json!({"adapters": [{"name": "sql", "uri": "file:///adapters/sql", "digest": DIGEST, "tenants": ["team-a"]}]})
+    );
+    assert_eq!(
+        configmap["metadata"]["ownerReferences"][0]["kind"],
+        "ModelDeployment"
+    );
     let deployment = expect(
         handle,
         Method::PATCH,

@@ -1,0 +1,102 @@
+//! The adapters `ConfigMap` (`<md>-adapters`, key `adapters.json`): the LoraAdapters a runtime pod loads
+//! before `/ready` turns 200 (`serve --adapters-file`), so a new or restarted pod never takes traffic
+//! without them. Running pods get later changes through the admin API, not through this file.
+//!
+//! Invariants: the content is a pure function of the entries, which arrive sorted by served name and
+//! with sorted tenants, so an unchanged set of adapters gives byte-identical data (no rewrite); the
+//! ConfigMap is owned by the ModelDeployment (garbage-collected with it); the pod template carries no
+//! hash of it, so adding an adapter never restarts pods.
+
+use super::owned_meta;
+use crate::labels::adapters_configmap_name;
+use k8s_openapi::api::core::v1::ConfigMap;
+use modelfleet_crds::ModelDeployment;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Key of the adapter list inside the ConfigMap.
+pub const ADAPTERS_KEY: &str = "adapters.json";
+
+/// One adapter as the runtime's start-up file and its `POST /v1/adapters` body spell it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdapterEntry {
+    /// The served name (what clients put in `model`).
+    pub name: String,
+    /// Where the adapter's bytes come from.
+    pub uri: String,
+    /// The canonical digest they must match.
+    pub digest: String,
+    /// Tenants allowed to use it (empty: every tenant), sorted and without duplicates.
+    pub tenants: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct AdaptersFile<'a> {
+    adapters: &'a [AdapterEntry],
+}
+
+/// The file's text for `entries` (already sorted by the caller).
+pub fn adapters_json(entries: &[AdapterEntry]) -> String {
+    let mut text =
+        serde_json::to_string_pretty(&AdaptersFile { adapters: entries }).expect("adapter entries serialise");
+    text.push('\n');
+    text
+}
+
+/// The ConfigMap listing `entries` for `md`.
+pub fn desired_adapters_configmap(md: &ModelDeployment, entries: &[AdapterEntry]) -> ConfigMap {
+    let name = md.metadata.name.clone().unwrap_or_default();
+    ConfigMap {
+        metadata: owned_meta(md, adapters_configmap_name(&name)),
+        data: Some(BTreeMap::from([(
+            ADAPTERS_KEY.to_string(),
+            adapters_json(entries),
+        )])),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builders::fixtures::minimal;
+
+    fn entry(name: &str, tenants: &[&str]) -> AdapterEntry {
+        AdapterEntry {
+            name: name.into(),
+            uri: format!("file:///adapters/{name}"),
+            digest: format!("sha256:{}", "a".repeat(64)),
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn configmap_is_owned_named_and_holds_the_list() {
+        let cm = desired_adapters_configmap(&minimal(), &[entry("sql", &[]), entry("tone", &["team-a"])]);
+        assert_eq!(cm.metadata.name.as_deref(), Some("smollm2-adapters"));
+        assert_eq!(cm.metadata.namespace.as_deref(), Some("serving"));
+        let owner = &cm.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("ModelDeployment", Some(true))
+        );
+        let text = &cm.data.as_ref().unwrap()[ADAPTERS_KEY];
+        let parsed: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            parsed,
+            serde_json::json!({"adapters": [
+                {"name": "sql", "uri": "file:///adapters/sql", "digest": format!("sha256:{}", "a".repeat(64)),
+                 "tenants": []},
+                {"name": "tone", "uri": "file:///adapters/tone", "digest": format!("sha256:{}", "a".repeat(64)),
+                 "tenants": ["team-a"]},
+            ]})
+        );
+    }
+
+    #[test]
+    fn content_is_deterministic_and_an_empty_list_is_still_a_file() {
+        let entries = [entry("a", &["x", "y"]), entry("b", &[])];
+        assert_eq!(adapters_json(&entries), adapters_json(&entries.clone()));
+        assert_eq!(adapters_json(&[]), "{\n  \"adapters\": []\n}\n");
+    }
+}
