@@ -117,6 +117,9 @@ pub struct Registry {
     metrics: Arc<LoraMetrics>,
 }
 
+/// Numbers the private directories adapters are fetched into.
+static INCOMING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// How long a request waiting for a resident slot sleeps between looks.
 const WAIT_STEP: Duration = Duration::from_millis(10);
 
@@ -360,16 +363,53 @@ impl Registry {
                 ));
             }
         }
+        // The source itself must hold bytes with this digest, even when the store already has them
+        // (under another name): a caller's claim "this URI has this digest" is always checked.
         let dir = self.cfg.store.join(spec.digest.trim_start_matches("sha256:"));
+        let incoming = self.cfg.store.join(format!(
+            ".incoming-{}",
+            INCOMING.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
         let req = FetchRequest {
             source,
             digest: spec.digest.clone(),
-            dest: dir.clone(),
+            dest: incoming.clone(),
             cache: None,
             hf_endpoint: self.cfg.hf_endpoint.clone(),
             token: self.cfg.token.clone(),
         };
-        crate::fetch::fetch(&req).await.map_err(fetch_error)?;
+        let fetched = crate::fetch::fetch(&req).await.map_err(fetch_error);
+        let (d, inc, digest) = (dir.clone(), incoming.clone(), spec.digest.clone());
+        let place = move || -> Result<(), ApiError> {
+            let (dir, incoming) = (d, inc);
+            if crate::fetch::stage::dest_holds(&dir, &digest) {
+                let _ = std::fs::remove_dir_all(&incoming);
+                Ok(())
+            } else {
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::rename(&incoming, &dir).map_err(|e| {
+                    adapter_error(
+                        ApiErrorKind::Internal,
+                        "local_io_error",
+                        format!("placing the adapter in {}: {e}", dir.display()),
+                    )
+                })
+            }
+        };
+        let placed = match fetched {
+            Ok(_) => tokio::task::spawn_blocking(place).await.unwrap_or_else(|e| {
+                Err(adapter_error(
+                    ApiErrorKind::Internal,
+                    "internal",
+                    format!("placing task failed: {e}"),
+                ))
+            }),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = placed {
+            let _ = std::fs::remove_dir_all(&incoming);
+            return Err(e);
+        }
         let weights = match self.read(dir.clone(), &spec).await {
             Ok(w) => w,
             Err(e) => {

@@ -54,6 +54,7 @@ struct Req<'a> {
     max_tokens: usize,
     priority: i32,
     deadline: Option<Instant>,
+    adapter: Option<Arc<LoraAdapter>>,
 }
 
 fn req(tenant: &str, prompt: Vec<u32>, max_tokens: usize) -> Req<'_> {
@@ -63,7 +64,23 @@ fn req(tenant: &str, prompt: Vec<u32>, max_tokens: usize) -> Req<'_> {
         max_tokens,
         priority: 0,
         deadline: None,
+        adapter: None,
     }
+}
+
+/// A weightless adapter (the fake model ignores it; the scheduler only counts and hashes it).
+fn adapter(id: u64, name: &str) -> Arc<LoraAdapter> {
+    Arc::new(LoraAdapter {
+        id,
+        identity: crate::lora::AdapterIdentity {
+            name: name.into(),
+            digest: format!("sha256:{id}"),
+        },
+        path: std::path::PathBuf::new(),
+        rank: 1,
+        scale: 1.0,
+        pairs: Default::default(),
+    })
 }
 
 /// A prompt of `n` tokens that differs per `salt`.
@@ -87,7 +104,7 @@ impl Harness {
             request: Request {
                 tenant: r.tenant.into(),
                 cache_scope: r.tenant.into(),
-                adapter: None,
+                adapter: r.adapter,
                 cache_salt: None,
                 priority: r.priority,
                 prompt: r.prompt,
@@ -533,5 +550,64 @@ fn randomized_operations_keep_every_invariant() {
             assert_eq!(n, 1, "seed {seed}: request {id}");
             assert!(matches!(evs.last(), Some(RequestEvent::Finished(_))));
         }
+    }
+}
+
+#[test]
+fn at_most_max_loras_adapters_run_and_a_request_for_another_waits() {
+    let mut h = harness(8, 64, 64, 4);
+    h.s.cfg.max_loras = 2;
+    let (a, b, c) = (adapter(1, "a"), adapter(2, "b"), adapter(3, "c"));
+    let with = |tenant, ad: &Arc<LoraAdapter>, salt| Req {
+        adapter: Some(ad.clone()),
+        ..req(tenant, prompt(8, salt), 3)
+    };
+    let ra = h.add(with("x", &a, 1));
+    let rb = h.add(with("y", &b, 2));
+    let rc = h.add(with("z", &c, 3));
+    let ra2 = h.add(with("z", &a, 4));
+    let base = h.add(req("w", prompt(8, 5), 3));
+    let mut first: Vec<RequestId> = h.step().seqs.iter().map(|s| s.id).collect();
+    first.sort();
+    // c would be a third adapter: it waits, and so does the rest of its tenant's queue (z's second
+    // request, for a, comes after it); the base request runs.
+    assert_eq!(first, vec![ra, rb, base]);
+    let _ = ra2;
+    let counts = h.s.adapter_counts();
+    let c_count = counts.iter().find(|x| x.name == "c").unwrap();
+    assert_eq!((c_count.running, c_count.waiting), (0, 1));
+    for _ in 0..10 {
+        h.step();
+    }
+    for id in [ra, rb, rc, ra2, base] {
+        let f = h.finished(id).expect("every request finishes");
+        assert_eq!(f.usage.completion_tokens, 3, "request {id}");
+    }
+}
+
+#[test]
+fn inputs_list_each_adapter_once_and_index_it() {
+    let mut h = harness(8, 64, 64, 4);
+    let (a, b) = (adapter(1, "a"), adapter(2, "b"));
+    let with = |tenant, ad: &Arc<LoraAdapter>, salt| Req {
+        adapter: Some(ad.clone()),
+        ..req(tenant, prompt(8, salt), 3)
+    };
+    let want: HashMap<RequestId, Option<u64>> = [
+        (h.add(with("x", &a, 1)), Some(1)),
+        (h.add(req("x", prompt(8, 2), 3)), None),
+        (h.add(with("y", &b, 3)), Some(2)),
+        (h.add(with("y", &a, 4)), Some(1)),
+    ]
+    .into_iter()
+    .collect();
+    let batch = h.s.schedule(Instant::now(), &h.tok);
+    assert_eq!(batch.seqs.len(), 4);
+    let (inputs, adapters) = h.s.inputs(&batch);
+    let mut ids: Vec<u64> = adapters.iter().map(|x| x.id).collect();
+    ids.sort();
+    assert_eq!(ids, vec![1, 2], "each adapter once");
+    for (inp, seq) in inputs.iter().zip(&batch.seqs) {
+        assert_eq!(inp.adapter.map(|i| adapters[i].id), want[&seq.id], "request {}", seq.id);
     }
 }
