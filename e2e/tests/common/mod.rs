@@ -178,6 +178,14 @@ pub async fn ensure_operator() {
                     "runtimeImage=modelfleet/runtime:dev",
                 ])
                 .args(["--set", &format!("modelCache.hostPath={}", cache.display())])
+                // `file://` LoRA adapters may come from the scenarios' artifacts (lora.rs).
+                .args([
+                    "--set",
+                    &format!(
+                        "runtime.adapterFileRoots[0]={}",
+                        cluster_dir().join("artifacts").display()
+                    ),
+                ])
                 .output()
                 .expect("helm on PATH (eval \"$(e2e/cluster env)\")");
             assert!(
