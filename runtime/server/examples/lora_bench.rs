@@ -12,7 +12,9 @@
 
 use modelfleet_engine::lora::{AdapterIdentity, LoraAdapter};
 use modelfleet_engine::sampling::SamplingParams;
-use modelfleet_engine::sched::{EngineHandle, QueueLimits, Request, RequestEvent, SchedulerConfig, TenantLimits};
+use modelfleet_engine::sched::{
+    EngineHandle, QueueLimits, Request, RequestEvent, SchedulerConfig, TenantLimits,
+};
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,7 +104,9 @@ fn main() -> Result<(), Error> {
         let t0 = Instant::now();
         let mut threads_out = Vec::new();
         for s in 0..streams {
-            let prompt: Vec<u32> = (0..32u32).map(|i| 200 + (i * 17 + s as u32 * 101) % 5000).collect();
+            let prompt: Vec<u32> = (0..32u32)
+                .map(|i| 200 + (i * 17 + s as u32 * 101) % 5000)
+                .collect();
             let adapter = mixed.then(|| adapters[s % adapters.len()].clone());
             let r = Request {
                 tenant: "bench".into(),
@@ -119,7 +123,9 @@ fn main() -> Result<(), Error> {
                 arrival: Instant::now(),
                 deadline: None,
             };
-            let mut stream = handle.submit(r, TenantLimits::default()).map_err(|e| e.to_string())?;
+            let mut stream = handle
+                .submit(r, TenantLimits::default())
+                .map_err(|e| e.to_string())?;
             threads_out.push(std::thread::spawn(move || {
                 let mut n = 0usize;
                 while let Some(ev) = stream.blocking_next() {

@@ -608,6 +608,11 @@ fn inputs_list_each_adapter_once_and_index_it() {
     ids.sort();
     assert_eq!(ids, vec![1, 2], "each adapter once");
     for (inp, seq) in inputs.iter().zip(&batch.seqs) {
-        assert_eq!(inp.adapter.map(|i| adapters[i].id), want[&seq.id], "request {}", seq.id);
+        assert_eq!(
+            inp.adapter.map(|i| adapters[i].id),
+            want[&seq.id],
+            "request {}",
+            seq.id
+        );
     }
 }
