@@ -11,3 +11,6 @@ pub mod startup;
 pub use metrics::LoraMetrics;
 pub use registry::{AdapterInfo, ModelChoice, Registry, RegistryConfig};
 pub use spec::{AdapterSpec, UriPolicy};
+
+#[cfg(test)]
+mod tests;

@@ -233,18 +233,18 @@ impl Registry {
             let reload = {
                 let mut inner = self.lock();
                 let max = self.cfg.max_cpu_loras;
-                let Some(e) = inner.live.get_mut(name) else {
+                // Unloaded (or its tenants changed) since `resolve`: answer as `resolve` would, after
+                // letting go of the lock it takes.
+                if !inner.live.get(name).is_some_and(|e| allowed(&e.spec, tenant)) {
+                    drop(inner);
                     return Err(self.resolve(name, tenant).err().unwrap_or_else(|| {
                         ApiError::new(
-                            ApiErrorKind::NotFound,
-                            format!("the adapter `{name}` was unloaded"),
+                            ApiErrorKind::Unavailable,
+                            format!("the adapter `{name}` changed while this request waited; retry"),
                         )
                     }));
-                };
-                if !allowed(&e.spec, tenant) {
-                    drop(inner);
-                    return Err(self.resolve(name, tenant).expect_err("not allowed"));
                 }
+                let e = inner.live.get_mut(name).expect("checked above");
                 if let Some(why) = &e.broken {
                     return Err(adapter_error(
                         ApiErrorKind::Unavailable,
