@@ -1,5 +1,8 @@
 //! `out = x · Wᵀ (+ bias)`: every weight applied to the whole batch in one matrix-matrix product,
-//! multi-threaded over blocks of output columns, reading f32/f16/bf16 weights in place.
+//! multi-threaded over blocks of output columns, reading f32/f16/bf16 weights in place. Q8_0/Q4_0/Q4_1
+//! weights on AVX2 take the integer path of `super::qdot` (activations quantized to 8 bits, as ggml
+//! does); other quantized formats, and every format on the portable ISA, are dequantized a few rows at
+//! a time into f32 scratch rows.
 //!
 //! Invariants: each output element is one dot product over the full `k` in the fixed order of
 //! [`super::simd`] — register tiles of 4×2, 1×8, 1×4 and 1×1 outputs all perform the identical per-element
@@ -12,7 +15,7 @@
 //! register tiles over several rows so prefill reuses each loaded weight vector 4 times; column blocks
 //! sized so one block of weights stays in L2 while all row tiles stream past it.
 
-use super::dequant::{dequantize, dot_rows, fused};
+use super::qdot::{Q8Block, dot_tile, quantize_rows};
 use super::simd::{Elem, Isa, Portable, Simd};
 use crate::quant::QuantKind;
 use crate::weight::WeightData;
@@ -24,6 +27,13 @@ struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements (distinct columns) and the borrow of `out` outlives the scope.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element at `i` (a method, so closures capture the whole `OutPtr`, which is `Sync`).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
 
 /// The shape of one product: `x` is `rows × k` row-major, the weight `n × k`, `out` `rows × n`.
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +68,12 @@ pub(crate) fn matmul(
         WeightData::F16(_) | WeightData::BF16(_) => 2 * k,
         WeightData::Quant(q, _) => k / q.block_elems() * q.block_bytes(),
     };
+    if let WeightData::Quant(q, bytes) = w
+        && k.is_multiple_of(32)
+        && super::qdot::supported(isa, q)
+    {
+        return matmul_q8(q, bytes, x, bias, shape, out, row_bytes);
+    }
     let threads = rayon::current_num_threads().max(1);
     let by_cache = (256 * 1024 / row_bytes.max(1)).clamp(4, 256);
     let by_threads = n.div_ceil(4 * threads).max(4);
@@ -79,6 +95,52 @@ pub(crate) fn matmul(
     });
 }
 
+/// Q8_0/Q4_0/Q4_1 weights on AVX2: every row of `x` quantized once to 8-bit blocks, then integer dot
+/// products (`super::qdot`), in tiles of up to 4 rows per weight row, over column blocks in parallel.
+fn matmul_q8(
+    q: QuantKind,
+    w: &[u8],
+    x: &[f32],
+    bias: Option<WeightData<'_>>,
+    shape: MatmulShape,
+    out: &mut [f32],
+    row_bytes: usize,
+) {
+    let MatmulShape { rows, k, n } = shape;
+    let xq = quantize_rows(x, rows, k);
+    let nb = k / 32;
+    let threads = rayon::current_num_threads().max(1);
+    let by_cache = (256 * 1024 / row_bytes.max(1)).clamp(4, 256);
+    let block = by_cache.min(n.div_ceil(4 * threads).max(4));
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
+        let (c0, c1) = (b * block, ((b + 1) * block).min(n));
+        let mut dots = [[0.0f32; 2]; 4];
+        let wrow = |c: usize| &w[c * row_bytes..(c + 1) * row_bytes];
+        let mut r = 0;
+        while r < rows {
+            let tile = (rows - r).min(4);
+            let xs: [&[Q8Block]; 4] =
+                std::array::from_fn(|i| &xq[(r + i.min(tile - 1)) * nb..(r + i.min(tile - 1) + 1) * nb]);
+            let mut c = c0;
+            while c < c1 {
+                let cols = if tile >= 2 { (c1 - c).min(2) } else { 1 };
+                let ws = [wrow(c), wrow(c + cols - 1)];
+                dot_tile(q, &ws[..cols], &xs[..tile], &mut dots);
+                for (i, row) in dots[..tile].iter().enumerate() {
+                    for (j, d) in row[..cols].iter().enumerate() {
+                        let bc = bias.map_or(0.0, |bv| bv.get(c + j));
+                        // SAFETY: column `c + j` belongs to this task; `r + i < rows`.
+                        unsafe { *out_ptr.at((r + i) * n + c + j) = d + bc };
+                    }
+                }
+                c += cols;
+            }
+            r += tile;
+        }
+    });
+}
+
 /// One task: all rows for the columns `cols.0..cols.1`.
 #[derive(Clone, Copy)]
 struct Job<'a> {
@@ -95,24 +157,24 @@ unsafe fn run_block(isa: Isa, job: &Job<'_>, w: WeightData<'_>) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { run_block_avx2(job, w) },
-        _ => unsafe { run_block_generic::<Portable>(job, w, Isa::Portable) },
+        _ => unsafe { run_block_generic::<Portable>(job, w) },
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_block_avx2(job: &Job<'_>, w: WeightData<'_>) {
-    unsafe { run_block_generic::<super::simd::Avx2>(job, w, Isa::Avx2) }
+    unsafe { run_block_generic::<super::simd::Avx2>(job, w) }
 }
 
 #[inline(always)]
-unsafe fn run_block_generic<S: Simd>(job: &Job<'_>, w: WeightData<'_>, isa: Isa) {
+unsafe fn run_block_generic<S: Simd>(job: &Job<'_>, w: WeightData<'_>) {
     unsafe {
         match w {
             WeightData::F32(d) => block::<S, f32>(job, d),
             WeightData::F16(d) => block::<S, half::f16>(job, d),
             WeightData::BF16(d) => block::<S, half::bf16>(job, d),
-            WeightData::Quant(q, b) => block_quant::<S>(job, q, b, isa),
+            WeightData::Quant(q, b) => block_quant::<S>(job, q, b),
         }
     }
 }
@@ -187,31 +249,17 @@ unsafe fn block<S: Simd, W: Elem>(job: &Job<'_>, w: &[W]) {
 /// every row of `x` runs the f32 tiles against it. Each output is still one full-length dot product in
 /// the fixed chunk order, so batch invariance holds here too.
 #[inline(always)]
-unsafe fn block_quant<S: Simd>(job: &Job<'_>, q: QuantKind, w: &[u8], isa: Isa) {
+unsafe fn block_quant<S: Simd>(job: &Job<'_>, q: QuantKind, w: &[u8]) {
     let (c0, c1) = job.cols;
     let k = job.k;
     let row_bytes = k / q.block_elems() * q.block_bytes();
-    if job.rows < 4 && fused(isa, q) {
-        // Decode-sized batches: dequantize in registers, no scratch row.
-        let xs: Vec<&[f32]> = (0..job.rows).map(|r| &job.x[r * k..(r + 1) * k]).collect();
-        let mut dots = [0.0f32; 3];
-        for c in c0..c1 {
-            dot_rows(q, &w[c * row_bytes..(c + 1) * row_bytes], &xs, &mut dots);
-            for (r, d) in dots[..job.rows].iter().enumerate() {
-                let b = job.bias.map_or(0.0, |b| b.get(c));
-                // SAFETY: column `c` belongs to this task.
-                unsafe { *job.out.0.add(r * job.n + c) = d + b };
-            }
-        }
-        return;
-    }
     let mut scratch = vec![0.0f32; 4 * k];
     let mut c = c0;
     while c < c1 {
         let group = (c1 - c).min(4);
         for g in 0..group {
             let src = &w[(c + g) * row_bytes..(c + g + 1) * row_bytes];
-            dequantize(isa, q, src, &mut scratch[g * k..(g + 1) * k]);
+            crate::quant::dequantize_row(q, src, &mut scratch[g * k..(g + 1) * k]);
         }
         let sub = Job {
             cols: (0, group),
@@ -350,8 +398,19 @@ mod tests {
                     &mut out,
                 );
                 let want = naive(&x, &deq, 9, k, n);
+                // The integer path (AVX2) rounds activations to 8 bits per block of 32, as ggml does:
+                // allow 1% of the sum of |x·w| there; the f32 path is exact to rounding.
+                let absx: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+                let absw: Vec<f32> = deq.iter().map(|v| v.abs()).collect();
+                let scale = naive(&absx, &absw, 9, k, n);
+                let int8 = super::super::qdot::supported(isa, q);
                 for (i, (a, w)) in out.iter().zip(&want).enumerate() {
-                    assert!((a - (w + b.data().get(i % n))).abs() < 1e-4, "{q:?} {isa:?}");
+                    let tol = if int8 { 1e-4 + 0.01 * scale[i] } else { 1e-4 };
+                    assert!(
+                        (a - (w + b.data().get(i % n))).abs() < tol,
+                        "{q:?} {isa:?}: {a} vs {}",
+                        w + b.data().get(i % n)
+                    );
                 }
                 for r in 0..9 {
                     let mut one = vec![0.0; n];

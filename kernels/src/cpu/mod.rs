@@ -5,9 +5,9 @@
 //! reproducible within a process; all kernels are batch-invariant (see [`simd`]).
 
 mod attention;
-mod dequant;
 mod elementwise;
 mod matmul;
+mod qdot;
 pub mod simd;
 
 pub use elementwise::softmax_in_place;

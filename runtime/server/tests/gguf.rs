@@ -125,11 +125,26 @@ fn candle_logits(file: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 #[test]
 fn gguf_matches_candle_quantized_llama() {
+    use modelfleet_engine::kernels::cpu::simd::Isa;
+    let int8 = Isa::detect() == Isa::Avx2;
     for (shape, dtype, tol, min_top1) in [
         (Shape::Tiny, GenDType::F32, 2e-2, 1.0),
         (Shape::TinyMistral, GenDType::F32, 2e-2, 1.0),
-        (Shape::Tiny, GenDType::Q8_0, 0.15, 0.95),
-        (Shape::Tiny, GenDType::Q4_0, 0.5, 0.85),
+        // With AVX2 both quantize the activations of quantized products to 8 bits (ggml's
+        // vec_dot_type), so Q8_0 agrees to the last bit and Q4_0 within f32 rounding amplified by
+        // 8-bit steps; the portable kernels keep f32 activations, further from candle.
+        (
+            Shape::Tiny,
+            GenDType::Q8_0,
+            if int8 { 1e-3 } else { 0.15 },
+            if int8 { 1.0 } else { 0.95 },
+        ),
+        (
+            Shape::Tiny,
+            GenDType::Q4_0,
+            if int8 { 0.15 } else { 0.5 },
+            if int8 { 1.0 } else { 0.85 },
+        ),
     ] {
         let dir = generate(shape, dtype, GenFormat::Gguf);
         let md = ModelDir::open(dir.path()).unwrap();

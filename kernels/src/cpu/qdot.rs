@@ -1,0 +1,424 @@
+//! Integer dot products for Q8_0, Q4_0 and Q4_1 weights (AVX2), as ggml's CPU backend computes them:
+//! each activation row is quantized once per matmul to 8-bit blocks of 32 (scale `d = max|x| / 127`,
+//! values rounded to nearest), then every block's dot product is an exact integer sum
+//! (`_mm256_maddubs_epi16` + `_mm256_madd_epi16`) scaled once by `d_w · d_x`. That is about half the
+//! instructions of widening the weights to f32, which is what decode on a small model is bound by.
+//!
+//! Invariants: a row is quantized from its own values only, and an output element is the same fixed
+//! sequence of operations over its weight row and activation row whatever the batch size or the tile
+//! it lands in, so batch invariance holds; the integer sums are exact (no i16 saturation: |q4| ≤ 15
+//! and |q8| ≤ 128 keep each pair ≤ 32,512); the arithmetic is ggml's AVX2 `vec_dot_q{4_0,4_1,8_0}_q8_{0,1}`
+//! (Q4_0 weights offset by −8 before the signed product; Q4_1's minimum through the block's `s`).
+
+use crate::quant::QuantKind;
+
+/// One quantized block of 32 activations: ggml's `block_q8_1` (the scale and the scaled sum rounded to
+/// f16, as ggml stores them, so products match llama.cpp's).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(8))]
+pub(crate) struct Q8Block {
+    /// Scale (an f16 value).
+    pub d: f32,
+    /// `d · Σ qs` (an f16 value), for the Q4_1 minimum.
+    pub s: f32,
+    /// Values.
+    pub qs: [i8; 32],
+}
+
+/// Whether [`dot_tile`] handles `kind` with `isa`.
+pub(crate) fn supported(isa: super::simd::Isa, kind: QuantKind) -> bool {
+    cfg!(target_arch = "x86_64")
+        && isa == super::simd::Isa::Avx2
+        && matches!(kind, QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::Q8_0)
+}
+
+/// Quantizes `rows` rows of `k` (a multiple of 32) activations into `k / 32` blocks each, with AVX2
+/// (what [`dot_tile`] needs anyway) as ggml's x86 `quantize_row_q8_1` does: rounding to nearest even.
+pub(crate) fn quantize_rows(x: &[f32], rows: usize, k: usize) -> Vec<Q8Block> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut out = vec![
+            Q8Block {
+                d: 0.0,
+                s: 0.0,
+                qs: [0; 32]
+            };
+            rows * k / 32
+        ];
+        // SAFETY: only called when `supported` (AVX2/F16C detected); `x` holds `rows * k` values.
+        unsafe { avx2::quantize(&x[..rows * k], &mut out) };
+        out
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    quantize_rows_scalar(x, rows, k)
+}
+
+/// The scalar form of [`quantize_rows`] (the same arithmetic; tests, and targets without AVX2).
+#[cfg(any(test, not(target_arch = "x86_64")))]
+fn quantize_rows_scalar(x: &[f32], rows: usize, k: usize) -> Vec<Q8Block> {
+    let mut out = Vec::with_capacity(rows * k / 32);
+    for blk in x[..rows * k].chunks_exact(32) {
+        let amax = blk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut qs = [0i8; 32];
+        let mut sum = 0i32;
+        for (q, v) in qs.iter_mut().zip(blk) {
+            *q = (v * id).round_ties_even() as i8;
+            sum += *q as i32;
+        }
+        let f16 = |v: f32| half::f16::from_f32(v).to_f32();
+        out.push(Q8Block {
+            d: f16(d),
+            s: f16(sum as f32 * d),
+            qs,
+        });
+    }
+    out
+}
+
+/// `out[r][c] = dot(ws[c], xs[r])` for up to 4 quantized activation rows and 2 weight rows (each
+/// activation row holds at least the weight rows' block count).
+pub(crate) fn dot_tile(kind: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &mut [[f32; 2]; 4]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let nb = ws.first().map_or(0, |w| w.len() / kind.block_bytes());
+        assert!(
+            (1..=4).contains(&xs.len())
+                && (1..=2).contains(&ws.len())
+                && ws.iter().all(|w| w.len() == nb * kind.block_bytes())
+                && xs.iter().all(|x| x.len() >= nb),
+            "dot_tile shapes"
+        );
+        // SAFETY: callers check `supported` (AVX2 detected); lengths checked above.
+        unsafe { avx2::dot_tile(kind, ws, xs, out) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "dot_tile without AVX2 ({kind:?}, {} rows, {})",
+        xs.len(),
+        out.len()
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Q8Block;
+    use crate::quant::QuantKind;
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        unsafe {
+            let bits = (p.read() as i32) | ((p.add(1).read() as i32) << 8);
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+        }
+    }
+
+    /// The 32 4-bit values of a Q4 block as unsigned bytes in element order (low nibbles are elements
+    /// 0–15, high nibbles 16–31, as in ggml).
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        unsafe {
+            let qs = _mm_loadu_si128(p.cast());
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(qs, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+            _mm256_set_m128i(hi, lo)
+        }
+    }
+
+    /// Each block of 32: `d = max|x| / 127`, `q = round_even(x · 127 / max|x|)`, `s = d · Σq`, with `d`
+    /// and `s` rounded to f16 (ggml's `quantize_row_q8_1` for AVX2).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize(x: &[f32], out: &mut [Q8Block]) {
+        for (blk, o) in x.chunks_exact(32).zip(out.iter_mut()) {
+            unsafe {
+                let p = blk.as_ptr();
+                let v = [
+                    _mm256_loadu_ps(p),
+                    _mm256_loadu_ps(p.add(8)),
+                    _mm256_loadu_ps(p.add(16)),
+                    _mm256_loadu_ps(p.add(24)),
+                ];
+                let sign = _mm256_set1_ps(-0.0);
+                let mut m = _mm256_andnot_ps(sign, v[0]);
+                for vi in &v[1..] {
+                    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vi));
+                }
+                let m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+                let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                let m1 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+                let amax = _mm_cvtss_f32(m1);
+                let d = amax / 127.0;
+                let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+                let mul = _mm256_set1_ps(id);
+                let mut r = [_mm256_setzero_si256(); 4];
+                for i in 0..4 {
+                    r[i] = _mm256_cvtps_epi32(_mm256_round_ps(
+                        _mm256_mul_ps(v[i], mul),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+                    ));
+                }
+                let sum = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+                let s4 = _mm_add_epi32(_mm256_extracti128_si256(sum, 1), _mm256_castsi256_si128(sum));
+                let s4 = _mm_hadd_epi32(s4, s4);
+                let s4 = _mm_hadd_epi32(s4, s4);
+                let total = _mm_cvtsi128_si32(s4);
+                // i32 → i16 → i8 with saturation (values are within ±127), then undo the lane
+                // interleaving of the two packs.
+                let a = _mm256_packs_epi32(r[0], r[1]);
+                let b = _mm256_packs_epi32(r[2], r[3]);
+                let q = _mm256_packs_epi16(a, b);
+                let q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(o.qs.as_mut_ptr().cast(), q);
+                let ds = _mm_setr_ps(d, d * total as f32, 0.0, 0.0);
+                let back = _mm_cvtph_ps(_mm_cvtps_ph(ds, _MM_FROUND_TO_NEAREST_INT));
+                o.d = _mm_cvtss_f32(back);
+                o.s = _mm_cvtss_f32(_mm_movehdup_ps(back));
+            }
+        }
+    }
+
+    const Q8_0: u8 = 0;
+    const Q4_0: u8 = 1;
+    const Q4_1: u8 = 2;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_tile(kind: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &mut [[f32; 2]; 4]) {
+        let k = match kind {
+            QuantKind::Q8_0 => Q8_0,
+            QuantKind::Q4_0 => Q4_0,
+            _ => Q4_1,
+        };
+        if ws.len() == 1 && xs.len() == 1 {
+            // Decode: the plain loop (the generic tile is slower here); the same operations.
+            out[0][0] = unsafe { dot1(kind, ws[0], xs[0]) };
+            return;
+        }
+        macro_rules! go {
+            ($k:expr, $r:literal, $c:literal) => {{
+                let t = unsafe { tile::<$k, $r, $c>(ws, xs) };
+                for r in 0..$r {
+                    out[r][..$c].copy_from_slice(&t[r]);
+                }
+            }};
+        }
+        macro_rules! rows {
+            ($k:expr, $c:literal) => {
+                match xs.len() {
+                    1 => go!($k, 1, $c),
+                    2 => go!($k, 2, $c),
+                    3 => go!($k, 3, $c),
+                    _ => go!($k, 4, $c),
+                }
+            };
+        }
+        macro_rules! cols {
+            ($k:expr) => {
+                if ws.len() == 2 {
+                    rows!($k, 2)
+                } else {
+                    rows!($k, 1)
+                }
+            };
+        }
+        match k {
+            Q8_0 => cols!(Q8_0),
+            Q4_0 => cols!(Q4_0),
+            _ => cols!(Q4_1),
+        }
+    }
+
+    /// One activation row against one weight row, with exactly [`tile`]'s operations per block.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot1(kind: QuantKind, w: &[u8], x: &[Q8Block]) -> f32 {
+        use crate::cpu::simd::{Avx2, Simd};
+        let bb = kind.block_bytes();
+        let ones = _mm256_set1_epi16(1);
+        let eight = _mm256_set1_epi8(8);
+        let mut acc = _mm256_setzero_ps();
+        let mut extra = 0.0f32;
+        for (b, blk) in w.chunks_exact(bb).enumerate() {
+            let p = blk.as_ptr();
+            unsafe {
+                let dw = f16_at(p);
+                let (wv, signed) = match kind {
+                    QuantKind::Q8_0 => (_mm256_loadu_si256(p.add(2).cast()), true),
+                    QuantKind::Q4_0 => (_mm256_sub_epi8(nibbles(p.add(2)), eight), true),
+                    _ => (nibbles(p.add(4)), false),
+                };
+                let wu = if signed { _mm256_sign_epi8(wv, wv) } else { wv };
+                let m = if kind == QuantKind::Q4_1 {
+                    f16_at(p.add(2))
+                } else {
+                    0.0
+                };
+                let xb = &x[b];
+                let xv = _mm256_loadu_si256(xb.qs.as_ptr().cast());
+                let x8 = if signed { _mm256_sign_epi8(xv, wv) } else { xv };
+                let p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, x8), ones);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb.d), _mm256_cvtepi32_ps(p32), acc);
+                if kind == QuantKind::Q4_1 {
+                    extra += m * xb.s;
+                }
+            }
+        }
+        unsafe { Avx2::hsum(acc) + extra }
+    }
+
+    /// `R` activation rows against `C` weight rows. Every (row, column) output is the same operation
+    /// sequence whatever `R` and `C` are (the tile only shares loads).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const K: u8, const R: usize, const C: usize>(
+        ws: &[&[u8]],
+        xs: &[&[Q8Block]],
+    ) -> [[f32; C]; R] {
+        use crate::cpu::simd::{Avx2, Simd};
+        let bb = match K {
+            Q8_0 => 34,
+            Q4_0 => 18,
+            _ => 20,
+        };
+        let nb = ws[0].len() / bb;
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let eight = _mm256_set1_epi8(8);
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            let mut extra = [[0.0f32; C]; R];
+            for b in 0..nb {
+                let mut wv = [_mm256_setzero_si256(); C];
+                let mut wu = [_mm256_setzero_si256(); C];
+                let mut dw = [0.0f32; C];
+                let mut m = [0.0f32; C];
+                for c in 0..C {
+                    let p = ws[c].as_ptr().add(b * bb);
+                    dw[c] = f16_at(p);
+                    // Weight bytes; for the signed formats also their absolute values (maddubs wants
+                    // one unsigned operand, so the sign moves to the activations).
+                    wv[c] = match K {
+                        Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
+                        Q4_0 => _mm256_sub_epi8(nibbles(p.add(2)), eight),
+                        _ => nibbles(p.add(4)),
+                    };
+                    wu[c] = if K == Q4_1 {
+                        wv[c]
+                    } else {
+                        _mm256_sign_epi8(wv[c], wv[c])
+                    };
+                    if K == Q4_1 {
+                        m[c] = f16_at(p.add(2));
+                    }
+                }
+                for r in 0..R {
+                    let xb = xs[r].as_ptr().add(b);
+                    let xv = _mm256_loadu_si256((*xb).qs.as_ptr().cast());
+                    let dx = _mm256_set1_ps((*xb).d);
+                    for c in 0..C {
+                        let x8 = if K == Q4_1 {
+                            xv
+                        } else {
+                            _mm256_sign_epi8(xv, wv[c])
+                        };
+                        let p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[c], x8), ones);
+                        let dd = _mm256_mul_ps(_mm256_set1_ps(dw[c]), dx);
+                        acc[r][c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p32), acc[r][c]);
+                        if K == Q4_1 {
+                            // w = d·q + m: the m·Σx part.
+                            extra[r][c] += m[c] * (*xb).s;
+                        }
+                    }
+                }
+            }
+            let mut out = [[0.0f32; C]; R];
+            for r in 0..R {
+                for c in 0..C {
+                    out[r][c] = Avx2::hsum(acc[r][c]) + extra[r][c];
+                }
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::simd::Isa;
+    use crate::quant::{dequantize_row, quantize_q4_0, quantize_q8_0};
+
+    fn lcg(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    /// A Q4_1 row built by hand (no quantizer here): random nibbles, scales and minimums.
+    fn q4_1_row(seed: u64, k: usize) -> Vec<u8> {
+        let r = lcg(seed, k / 32 * 20);
+        let mut out = Vec::new();
+        for (b, chunk) in r.chunks(20).enumerate() {
+            out.extend_from_slice(&half::f16::from_f32(0.01 + 0.001 * b as f32).to_le_bytes());
+            out.extend_from_slice(&half::f16::from_f32(chunk[0] * 0.1).to_le_bytes());
+            out.extend((0..16).map(|j| ((chunk[1 + j % 19].to_bits() >> 7) & 0xFF) as u8));
+        }
+        out
+    }
+
+    #[test]
+    fn integer_dots_match_the_dequantized_dot_within_activation_rounding() {
+        if !supported(Isa::detect(), QuantKind::Q8_0) {
+            return;
+        }
+        let k = 256;
+        let w = lcg(1, k);
+        for (kind, bytes) in [
+            (QuantKind::Q8_0, quantize_q8_0(&w)),
+            (QuantKind::Q4_0, quantize_q4_0(&w)),
+            (QuantKind::Q4_1, q4_1_row(3, k)),
+        ] {
+            let mut wf = vec![0.0; k];
+            dequantize_row(kind, &bytes, &mut wf);
+            let rows: Vec<Vec<f32>> = (0..4).map(|i| lcg(10 + i, k)).collect();
+            let flat: Vec<f32> = rows.concat();
+            let q = quantize_rows(&flat, 4, k);
+            // The vectorised quantizer agrees with the scalar one (ties aside, which random data lacks).
+            let scalar = quantize_rows_scalar(&flat, 4, k);
+            for (a, b) in q.iter().zip(&scalar) {
+                assert_eq!((a.d, a.s, a.qs), (b.d, b.s, b.qs), "{kind:?}");
+            }
+            let xs: Vec<&[Q8Block]> = q.chunks(k / 32).collect();
+            let mut tile = [[0.0f32; 2]; 4];
+            dot_tile(kind, &[&bytes, &bytes], &xs, &mut tile);
+            let got: Vec<f32> = tile.iter().map(|t| t[0]).collect();
+            for (r, x) in rows.iter().enumerate() {
+                assert_eq!(
+                    tile[r][0].to_bits(),
+                    tile[r][1].to_bits(),
+                    "{kind:?}: columns agree"
+                );
+                let want: f64 = x.iter().zip(&wf).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let scale: f64 = x
+                    .iter()
+                    .zip(&wf)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
+                assert!(
+                    (got[r] as f64 - want).abs() <= 0.01 * scale,
+                    "{kind:?} row {r}: {} vs {want} (scale {scale})",
+                    got[r]
+                );
+                // The same row alone gives the same bits (no dependence on the tile).
+                let mut alone = [[0.0f32; 2]; 4];
+                dot_tile(kind, &[&bytes], &xs[r..r + 1], &mut alone);
+                assert_eq!(alone[0][0].to_bits(), got[r].to_bits(), "{kind:?} row {r}");
+            }
+        }
+    }
+}
