@@ -38,6 +38,9 @@ pub struct RegistryConfig {
     pub max_lora_rank: usize,
     /// Most adapters registered at once (resident or not).
     pub max_adapters: usize,
+    /// Most requests waiting for an adapter to be loaded into memory at once; more get 429
+    /// (`--max-num-queued-reqs`: such waits are queueing too, and queues are bounded).
+    pub max_waiting: usize,
     /// The digest-keyed store fetched adapters live in (`--adapter-dir`).
     pub store: PathBuf,
     /// Where adapters may come from.
@@ -115,6 +118,17 @@ pub struct Registry {
     /// Serializes loads and unloads (they do I/O; requests never take it).
     admin: tokio::sync::Mutex<()>,
     metrics: Arc<LoraMetrics>,
+    /// Requests now waiting in `acquire`.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a request as waiting in `acquire` until dropped.
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Numbers the private directories adapters are fetched into.
@@ -157,6 +171,7 @@ impl Registry {
             inner: Mutex::new(Inner::default()),
             admin: tokio::sync::Mutex::new(()),
             metrics,
+            waiting: Default::default(),
         }
     }
 
@@ -229,6 +244,7 @@ impl Registry {
         tenant: &str,
         deadline: Instant,
     ) -> Result<Arc<LoraAdapter>, ApiError> {
+        let mut waiting: Option<Waiting<'_>> = None;
         loop {
             let reload = {
                 let mut inner = self.lock();
@@ -269,6 +285,22 @@ impl Registry {
             if let Some((dir, spec)) = reload {
                 let me = self.clone();
                 tokio::spawn(async move { me.reload(dir, spec).await });
+            }
+            if waiting.is_none() {
+                // About to wait: bounded like every queue here.
+                let n = self.waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                waiting = Some(Waiting(&self.waiting));
+                if n >= self.cfg.max_waiting {
+                    return Err(ApiError {
+                        code: Some("adapter_queue_full".into()),
+                        ..ApiError::new(
+                            ApiErrorKind::RateLimited { retry_after_secs: 1 },
+                            format!(
+                                "{n} requests already wait for adapters to be loaded into memory (the limit); retry shortly"
+                            ),
+                        )
+                    });
+                }
             }
             if Instant::now() >= deadline {
                 return Err(adapter_error(

@@ -24,6 +24,7 @@ fn registry(dir: &Path, max_cpu_loras: usize) -> Arc<Registry> {
         max_cpu_loras,
         max_lora_rank: 16,
         max_adapters: 8,
+        max_waiting: 2,
         store: dir.join("store"),
         policy: UriPolicy {
             schemes: vec!["file".into()],
@@ -72,6 +73,16 @@ async fn a_held_adapter_is_never_evicted_and_a_request_for_another_waits() {
         (504, Some("adapter_wait_timeout"))
     );
     assert_eq!(state(&r, "b"), "loaded");
+    // Waiting is bounded: with two requests waiting, a third is refused at once (429).
+    let (r1, r2) = (r.clone(), r.clone());
+    let later = Instant::now() + Duration::from_millis(400);
+    let w1 = tokio::spawn(async move { r1.acquire("a", "t", later).await.map(|_| ()) });
+    let w2 = tokio::spawn(async move { r2.acquire("a", "t", later).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let e = r.acquire("a", "t", later).await.unwrap_err();
+    assert_eq!((e.status(), e.code.as_deref()), (429, Some("adapter_queue_full")));
+    assert_eq!(w1.await.unwrap().unwrap_err().status(), 504);
+    assert_eq!(w2.await.unwrap().unwrap_err().status(), 504);
     // With a longer deadline it gets the slot as soon as b's request ends.
     let r2 = r.clone();
     let waiter = tokio::spawn(async move {

@@ -294,6 +294,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_cpu_loras,
             max_lora_rank: args.max_lora_rank,
             max_adapters: 1024,
+            max_waiting: args.max_num_queued_reqs,
             store,
             policy: crate::adapters::UriPolicy {
                 schemes: args.adapter_uri_schemes.clone(),
