@@ -14,8 +14,10 @@
 //!
 //! Invariants: an adapter's weights are in memory only after its bytes matched the digest (at load
 //! and again at every reload); an adapter held by a request (an `Arc` in the engine's `Request`) is
-//! never evicted — eviction requires the registry's to be the only reference; every lock is held for
-//! bookkeeping only, never across I/O.
+//! never evicted — eviction requires the registry's to be the only reference; the registry's lock is
+//! held for bookkeeping only, never across I/O (only placing a fetched directory into the store is
+//! serialized, off the async runtime); loads of different names run side by side, so one slow source
+//! never holds up another adapter.
 
 use super::metrics::LoraMetrics;
 use super::spec::{AdapterSpec, UriPolicy};
@@ -115,11 +117,44 @@ pub struct Registry {
     base: ModelConfig,
     base_name: String,
     inner: Mutex<Inner>,
-    /// Serializes loads and unloads (they do I/O; requests never take it).
-    admin: tokio::sync::Mutex<()>,
+    /// Names being loaded now (a second load of one of them is refused while the first runs; loads
+    /// of different names run side by side, so one slow source never holds up the others).
+    loading: Mutex<std::collections::HashSet<String>>,
+    /// Serializes placing fetched directories into the store.
+    place: Arc<Mutex<()>>,
     metrics: Arc<LoraMetrics>,
     /// Requests now waiting in `acquire`.
     waiting: std::sync::atomic::AtomicUsize,
+}
+
+/// Marks a name as being loaded until dropped.
+pub(crate) struct Loading<'a> {
+    registry: &'a Registry,
+    name: String,
+}
+
+impl<'a> Loading<'a> {
+    pub(crate) fn enter(registry: &'a Registry, name: &str) -> Result<Self, ApiError> {
+        let mut names = registry.loading.lock().unwrap_or_else(|e| e.into_inner());
+        if !names.insert(name.to_owned()) {
+            return Err(adapter_error(
+                ApiErrorKind::Unavailable,
+                "load_in_progress",
+                format!("the adapter `{name}` is being loaded by another call; retry when it ends"),
+            ));
+        }
+        Ok(Self {
+            registry,
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        let mut names = self.registry.loading.lock().unwrap_or_else(|e| e.into_inner());
+        names.remove(&self.name);
+    }
 }
 
 /// Counts a request as waiting in `acquire` until dropped.
@@ -169,7 +204,8 @@ impl Registry {
             base,
             base_name,
             inner: Mutex::new(Inner::default()),
-            admin: tokio::sync::Mutex::new(()),
+            loading: Default::default(),
+            place: Arc::new(Mutex::new(())),
             metrics,
             waiting: Default::default(),
         }
@@ -371,7 +407,7 @@ impl Registry {
     /// generation, `Ok(false)` when this name and digest were already loaded (its tenants updated).
     pub async fn load(&self, spec: AdapterSpec) -> Result<(bool, AdapterInfo), ApiError> {
         let source = spec.validate(&self.base_name, &self.cfg.policy)?;
-        let _admin = self.admin.lock().await;
+        let _loading = Loading::enter(self, &spec.name)?;
         let t0 = Instant::now();
         {
             let mut inner = self.lock();
@@ -412,8 +448,10 @@ impl Registry {
         };
         let fetched = crate::fetch::fetch(&req).await.map_err(fetch_error);
         let (d, inc, digest) = (dir.clone(), incoming.clone(), spec.digest.clone());
+        let lock = self.place.clone();
         let place = move || -> Result<(), ApiError> {
             let (dir, incoming) = (d, inc);
+            let _placing = lock.lock().unwrap_or_else(|e| e.into_inner());
             if crate::fetch::stage::dest_holds(&dir, &digest) {
                 let _ = std::fs::remove_dir_all(&incoming);
                 Ok(())
@@ -489,7 +527,6 @@ impl Registry {
 
     /// Removes adapter `name`; requests already holding it finish on it. `false` if it was unknown.
     pub async fn unload(&self, name: &str) -> bool {
-        let _admin = self.admin.lock().await;
         let mut inner = self.lock();
         let was_failed = inner.failed.remove(name).is_some();
         let Some(old) = inner.live.remove(name) else {

@@ -119,3 +119,16 @@ async fn a_request_racing_an_unload_gets_an_answer() {
     assert_eq!(e.status(), 404);
     assert!(!r.unload("a").await);
 }
+
+#[tokio::test]
+async fn a_name_is_loaded_by_one_call_at_a_time_and_other_names_are_not_held_up() {
+    let t = tempfile::tempdir().unwrap();
+    let r = registry(t.path(), 2);
+    let first = super::registry::Loading::enter(&r, "a").unwrap();
+    let e = super::registry::Loading::enter(&r, "a").err().unwrap();
+    assert_eq!((e.status(), e.code.as_deref()), (503, Some("load_in_progress")));
+    // Another name loads meanwhile.
+    assert!(r.load(spec(t.path(), "b", 2)).await.unwrap().0);
+    drop(first);
+    assert!(r.load(spec(t.path(), "a", 1)).await.unwrap().0);
+}
