@@ -95,7 +95,12 @@ async fn load(
         check(&a, &headers)?;
         let body = body.map_err(|e| ApiError::invalid("body", format!("cannot read the body: {e}")))?;
         let spec = parse_spec(&body)?;
-        a.st.adapters.load(spec).await
+        // In its own task: a caller that gives up (a client timeout on a large download) does not
+        // cancel the load; its retry gets 503 `load_in_progress` until the load ends, then 200.
+        let registry = a.st.adapters.clone();
+        tokio::spawn(async move { registry.load(spec).await })
+            .await
+            .map_err(|e| ApiError::new(ApiErrorKind::Internal, format!("the load task failed: {e}")))?
     };
     match run.await {
         Ok((created, info)) => {
