@@ -260,10 +260,13 @@ async fn scale_with_load(source: &str, metrics_yaml: &str, kill_leader: bool, ch
     eprintln!("[{source}] status writes in 20 s of steady load at 3 replicas: {writes}");
     assert!(writes <= 3, "{writes} status writes in 20 s of steady load");
     if check_dashboard {
-        // A burst past one pod's queue cap, so the rejection panel has data too.
+        // A burst past one pod's queue cap, so the rejection panel has data too. Each request is
+        // long enough (64 tokens, one sequence at a time) that 40 arriving together must overflow
+        // the 12-deep queue however fast the kernels are (with 4 tokens a run once drained them as
+        // fast as they arrived).
         let ip = ready_pods(&pods, "fleet").await.into_values().next().unwrap();
         let http = http();
-        let burst: Vec<_> = (0..40).map(|_| chat(&http, &ip, 4)).collect();
+        let burst: Vec<_> = (0..40).map(|_| chat(&http, &ip, 64)).collect();
         let refused = futures::future::join_all(burst)
             .await
             .into_iter()
