@@ -137,15 +137,11 @@ unsafe fn one_head<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// Values in [-2, 2).
     fn lcg(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-            })
+        crate::cpu::test_data::lcg(seed, n)
+            .into_iter()
+            .map(|v| v * 4.0)
             .collect()
     }
 

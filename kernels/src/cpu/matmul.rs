@@ -322,19 +322,8 @@ unsafe fn tile<S: Simd, W: Elem, const R: usize, const C: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::test_data::lcg;
     use crate::weight::{DType, HostWeight};
-
-    fn lcg(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
 
     fn naive(x: &[f32], w: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
         let mut out = vec![0.0; rows * n];

@@ -9,6 +9,8 @@ mod elementwise;
 mod matmul;
 mod qdot;
 pub mod simd;
+#[cfg(test)]
+mod test_data;
 
 pub use elementwise::softmax_in_place;
 pub use simd::Isa;

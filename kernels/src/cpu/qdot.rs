@@ -345,19 +345,8 @@ mod avx2 {
 mod tests {
     use super::*;
     use crate::cpu::simd::Isa;
+    use crate::cpu::test_data::lcg;
     use crate::quant::{dequantize_row, quantize_q4_0, quantize_q8_0};
-
-    fn lcg(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
 
     /// A Q4_1 row built by hand (no quantizer here): random nibbles, scales and minimums.
     fn q4_1_row(seed: u64, k: usize) -> Vec<u8> {

@@ -56,7 +56,17 @@ pub async fn on_transitions(
     if let Some(d) = decision {
         events.push((false, "Scaled".into(), d.to_string()));
     }
-    for (warning, reason, note) in events {
+    publish(&ctx.recorder, &reference, events).await;
+}
+
+/// Publishes `notes` (warning?, reason, note; notes cut to 1,000 characters) on `reference`; a failure
+/// to publish is logged at debug level and otherwise ignored (Events are best effort).
+pub async fn publish(
+    recorder: &kube::runtime::events::Recorder,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    notes: Vec<(bool, String, String)>,
+) {
+    for (warning, reason, note) in notes {
         let event = Event {
             type_: if warning {
                 EventType::Warning
@@ -68,7 +78,7 @@ pub async fn on_transitions(
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        if let Err(e) = recorder.publish(&event, reference).await {
             tracing::debug!(error = %e, "publishing an event failed");
         }
     }

@@ -7,7 +7,7 @@
 //! also requeued every few seconds so metrics are read on a steady cadence.
 
 mod apply;
-mod events;
+pub(crate) mod events;
 mod scale;
 
 use crate::Error;

@@ -3,7 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::Recorder;
 use modelfleet_crds::LoraAdapter;
 use modelfleet_crds::condition_types::{READY, VERIFIED};
 
@@ -42,23 +42,7 @@ pub fn transitions(previous: &[Condition], next: &[Condition]) -> Vec<Note> {
 
 /// Publishes `notes` on `a`.
 pub async fn publish(recorder: &Recorder, a: &LoraAdapter, notes: Vec<Note>) {
-    let reference = a.object_ref(&());
-    for (warning, reason, note) in notes {
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason,
-            note: Some(note.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &reference).await {
-            tracing::debug!(error = %e, "publishing an event failed");
-        }
-    }
+    crate::controller::events::publish(recorder, &a.object_ref(&()), notes).await;
 }
 
 #[cfg(test)]
