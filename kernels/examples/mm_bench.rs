@@ -18,7 +18,7 @@ fn main() {
     let vals: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5)
         .collect();
-    for dtype in [DType::F16, DType::Quant(QuantKind::Q8_0)] {
+    for dtype in [DType::F32, DType::F16, DType::Quant(QuantKind::Q8_0)] {
         let w = kern.upload(&HostWeight::from_f32_as(&vals, n, k, dtype).unwrap());
         for rows in [1usize, 4, 16, 64] {
             let x = vec![0.25f32; rows * k];

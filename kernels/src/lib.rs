@@ -6,8 +6,10 @@
 //! Tour:
 //! - [`weight`]: weights in their stored dtype (f32/f16/bf16), zero-copy over memory-mapped files.
 //! - [`layout`]: the paged KV-cache layout and the ragged-batch description attention reads.
-//! - [`cpu`]: the CPU backend — a batch-invariant blocked matmul, paged attention with an online
-//!   softmax, RMSNorm, RoPE, SwiGLU, all multi-threaded with rayon.
+//! - [`cpu`]: the CPU backend — float matrices repacked at upload into 16-row panels for an
+//!   outer-product (BLIS-style) matmul with AVX2 and AVX-512 tiles, integer dot products for
+//!   Q8_0/Q4_0/Q4_1, paged attention with an online softmax, RMSNorm, RoPE, SwiGLU, all
+//!   multi-threaded with rayon.
 //!
 //! Architecture invariants:
 //! - Activations are f32; weights stay in their stored dtype and are widened as they are read —

@@ -318,6 +318,21 @@ impl HostWeight {
         }
     }
 
+    /// The same weight in a buffer of its own, so it no longer keeps its source (e.g. a whole memory-mapped
+    /// file) alive.
+    pub fn to_owned_copy(&self) -> HostWeight {
+        let bytes = &self.source.bytes()[self.start..self.end];
+        let mut words = vec![0u32; bytes.len().div_ceil(4)];
+        bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        let len = bytes.len();
+        Self {
+            source: Arc::new(Aligned { words, len }),
+            start: 0,
+            end: len,
+            ..self.clone()
+        }
+    }
+
     /// Stored element type.
     pub fn dtype(&self) -> DType {
         self.dtype

@@ -85,7 +85,7 @@ pub(crate) fn paged_attention(
 unsafe fn run(isa: Isa, task: &Task<'_>, acc: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { run_avx2(task, acc) },
+        Isa::Avx2 | Isa::Avx512 => unsafe { run_avx2(task, acc) },
         _ => unsafe { one_head::<Portable>(task, acc) },
     }
 }

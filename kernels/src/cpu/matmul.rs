@@ -156,7 +156,7 @@ struct Job<'a> {
 unsafe fn run_block(isa: Isa, job: &Job<'_>, w: WeightData<'_>) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { run_block_avx2(job, w) },
+        Isa::Avx2 | Isa::Avx512 => unsafe { run_block_avx2(job, w) },
         _ => unsafe { run_block_generic::<Portable>(job, w) },
     }
 }

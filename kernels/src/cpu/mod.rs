@@ -7,18 +7,43 @@
 mod attention;
 mod elementwise;
 mod matmul;
+mod packed;
+#[cfg(target_arch = "x86_64")]
+mod packed_avx512;
 mod qdot;
 pub mod simd;
 #[cfg(test)]
 mod test_data;
 
 pub use elementwise::softmax_in_place;
+pub use packed::Packed;
 pub use simd::Isa;
 
 use crate::Kernels;
 use crate::layout::{AttnHeads, AttnSeq, KvLayout, Rope};
 use crate::weight::HostWeight;
 use matmul::MatmulShape;
+
+/// A weight as the CPU kernels hold it: float matrices of 16 rows or more repacked into panels for the
+/// outer-product matmul ([`Packed`]); vectors and quantized matrices in their stored layout.
+#[derive(Debug)]
+pub enum CpuWeight {
+    /// The stored layout (zero-copy over the model file).
+    Host(HostWeight),
+    /// Panel layout, owned.
+    Packed(Packed),
+}
+
+impl CpuWeight {
+    /// The weight as a host (stored-layout) weight: borrowed when it is one, rebuilt otherwise.
+    /// Only vectors (norm weights, biases) are read this way, and those are never packed.
+    fn vector(&self) -> std::borrow::Cow<'_, HostWeight> {
+        match self {
+            CpuWeight::Host(h) => std::borrow::Cow::Borrowed(h),
+            CpuWeight::Packed(p) => std::borrow::Cow::Owned(p.to_host()),
+        }
+    }
+}
 
 /// The CPU kernels.
 pub struct CpuKernels {
@@ -57,7 +82,7 @@ impl CpuKernels {
 
 impl Kernels for CpuKernels {
     type Buf = Vec<f32>;
-    type Weight = HostWeight;
+    type Weight = CpuWeight;
 
     fn describe(&self) -> String {
         format!("cpu {:?} x{} threads", self.isa, self.pool.current_num_threads())
@@ -67,8 +92,14 @@ impl Kernels for CpuKernels {
         self.pool.install(f)
     }
 
-    fn upload(&self, w: &HostWeight) -> HostWeight {
-        w.clone()
+    fn upload(&self, w: &HostWeight) -> CpuWeight {
+        match self.pool.install(|| Packed::pack(w)) {
+            Some(p) => CpuWeight::Packed(p),
+            // Vectors (norms, biases) are copied, so a model whose matrices were all packed does not keep
+            // its memory-mapped file alive; quantized matrices stay zero-copy on the map.
+            None if w.rows() < packed::NR => CpuWeight::Host(w.to_owned_copy()),
+            None => CpuWeight::Host(w.clone()),
+        }
     }
 
     fn alloc(&self, len: usize) -> Vec<f32> {
@@ -79,28 +110,36 @@ impl Kernels for CpuKernels {
         dst.copy_from_slice(&src[..dst.len()]);
     }
 
-    fn embedding(&self, table: &HostWeight, ids: &[u32], out: &mut Vec<f32>) {
-        elementwise::embedding(table.data(), table.cols(), ids, out);
+    fn embedding(&self, table: &CpuWeight, ids: &[u32], out: &mut Vec<f32>) {
+        match table {
+            CpuWeight::Host(t) => elementwise::embedding(t.data(), t.cols(), ids, out),
+            CpuWeight::Packed(t) => {
+                let dim = t.cols();
+                for (r, &id) in ids.iter().enumerate() {
+                    t.row_to_f32(id as usize, &mut out[r * dim..(r + 1) * dim]);
+                }
+            }
+        }
     }
 
-    fn matmul(
-        &self,
-        x: &Vec<f32>,
-        rows: usize,
-        w: &HostWeight,
-        bias: Option<&HostWeight>,
-        out: &mut Vec<f32>,
-    ) {
-        let shape = MatmulShape {
-            rows,
-            k: w.cols(),
-            n: w.rows(),
-        };
-        matmul::matmul(self.isa, x, w.data(), bias.map(|b| b.data()), shape, out);
+    fn matmul(&self, x: &Vec<f32>, rows: usize, w: &CpuWeight, bias: Option<&CpuWeight>, out: &mut Vec<f32>) {
+        let bias = bias.map(CpuWeight::vector);
+        let bias = bias.as_ref().map(|b| b.data());
+        match w {
+            CpuWeight::Packed(p) => packed::matmul(self.isa, x, rows, p, bias, out),
+            CpuWeight::Host(w) => {
+                let shape = MatmulShape {
+                    rows,
+                    k: w.cols(),
+                    n: w.rows(),
+                };
+                matmul::matmul(self.isa, x, w.data(), bias, shape, out);
+            }
+        }
     }
 
-    fn rms_norm(&self, x: &Vec<f32>, rows: usize, weight: &HostWeight, eps: f32, out: &mut Vec<f32>) {
-        elementwise::rms_norm(x, weight.data(), eps, out, rows);
+    fn rms_norm(&self, x: &Vec<f32>, rows: usize, weight: &CpuWeight, eps: f32, out: &mut Vec<f32>) {
+        elementwise::rms_norm(x, weight.vector().data(), eps, out, rows);
     }
 
     fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {

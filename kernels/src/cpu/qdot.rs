@@ -28,7 +28,7 @@ pub(crate) struct Q8Block {
 /// Whether [`dot_tile`] handles `kind` with `isa`.
 pub(crate) fn supported(isa: super::simd::Isa, kind: QuantKind) -> bool {
     cfg!(target_arch = "x86_64")
-        && isa == super::simd::Isa::Avx2
+        && isa.has_avx2()
         && matches!(kind, QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::Q8_0)
 }
 

@@ -21,6 +21,9 @@ pub enum Isa {
     Portable,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
+    /// [`Isa::Avx2`] plus AVX-512 F/BW/VL: the packed float matmul uses 512-bit tiles; every other
+    /// kernel runs its AVX2 code, with identical results.
+    Avx512,
 }
 
 impl Isa {
@@ -32,10 +35,22 @@ impl Isa {
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
             {
+                if std::env::var_os("MODELFLEET_NO_AVX512").is_none()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                {
+                    return Isa::Avx512;
+                }
                 return Isa::Avx2;
             }
         }
         Isa::Portable
+    }
+
+    /// Whether the AVX2 (+FMA, F16C) instructions are available.
+    pub fn has_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512)
     }
 }
 

@@ -1,0 +1,491 @@
+//! f32/f16/bf16 weight matrices repacked for an outer-product matmul micro-kernel.
+//!
+//! Layout: the `n × k` matrix is cut into panels of [`NR`] consecutive output rows (the last one padded
+//! with zeros); panel `p` stores, for each `i` in `0..k`, the 16 elements `w[16p..16p+16, i]`
+//! contiguously. One step of the kernel loads two 8-lane vectors of a panel and multiplies them with one
+//! broadcast activation per batch row, so every loaded weight feeds up to 6 rows' accumulators without
+//! any horizontal reduction (the BLIS "6×16" shape for 16 AVX2 registers; Van Zee & van de Geijn,
+//! "BLIS: A Framework for Rapidly Instantiating BLAS Functionality", TOMS 2015).
+//!
+//! Invariants: each output element `out[r, j]` is one chain `acc = x[r,0]·w[j,0]; acc = x[r,i]·w[j,i] + acc`
+//! for `i = 1..k` in order (fused on AVX2, separate multiply and add on the portable ISA), then `+ bias[j]`.
+//! The chain depends only on that element's inputs, never on the tile, the batch size or the thread
+//! count, so a row's outputs are bit-identical alone or in any batch.
+
+use super::simd::{Elem, Isa, Portable, Simd};
+use crate::weight::{DType, HostWeight, WeightData};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Output rows per panel (two 8-lane vectors).
+pub(crate) const NR: usize = 16;
+
+/// Most rows a register tile covers (6 rows × 2 vectors = 12 accumulators).
+const MR: usize = 6;
+
+/// One cache line; the buffer is made of them so panels start 64-byte aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A float weight matrix in panel layout (see the module header).
+pub struct Packed {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    buf: Vec<Line>,
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Packed({}x{} {})", self.rows, self.cols, self.dtype)
+    }
+}
+
+fn elem_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 4,
+        _ => 2,
+    }
+}
+
+impl Packed {
+    /// Repacks `w` when it is an f32/f16/bf16 matrix of at least [`NR`] rows; `None` otherwise
+    /// (vectors, quantized formats), which keep their stored layout.
+    pub fn pack(w: &HostWeight) -> Option<Packed> {
+        let dtype = w.dtype();
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || w.rows() < NR || w.cols() == 0 {
+            return None;
+        }
+        let (rows, cols) = (w.rows(), w.cols());
+        let eb = elem_bytes(dtype);
+        let panel_bytes = cols * NR * eb;
+        let total = rows.div_ceil(NR) * panel_bytes;
+        let mut buf = vec![Line([0; 64]); total.div_ceil(64)];
+        let dst: &mut [u8] = bytemuck_lines(&mut buf);
+        let src: &[u8] = match w.data() {
+            WeightData::F32(d) => bytemuck::cast_slice(d),
+            WeightData::F16(d) => bytemuck::cast_slice(d),
+            WeightData::BF16(d) => bytemuck::cast_slice(d),
+            WeightData::Quant(..) => return None,
+        };
+        dst[..total]
+            .par_chunks_mut(panel_bytes)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for j in 0..NR.min(rows - p * NR) {
+                    let row = &src[(p * NR + j) * cols * eb..(p * NR + j + 1) * cols * eb];
+                    for (i, e) in row.chunks_exact(eb).enumerate() {
+                        let at = (i * NR + j) * eb;
+                        panel[at..at + eb].copy_from_slice(e);
+                    }
+                }
+            });
+        Some(Packed {
+            dtype,
+            rows,
+            cols,
+            buf,
+        })
+    }
+
+    /// Output rows (`n`).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns (`k`).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The stored element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The first byte of the first panel (64-byte aligned).
+    pub(super) fn base(&self) -> *const u8 {
+        self.buf.as_ptr().cast()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        let len = self.buf.len() * 64;
+        // SAFETY: `Line` is 64 plain bytes with no padding.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), len) }
+    }
+
+    /// Row `j` (an output row of the matrix, e.g. one token's embedding) widened to f32 into `out`.
+    pub fn row_to_f32(&self, j: usize, out: &mut [f32]) {
+        let eb = elem_bytes(self.dtype);
+        let panel = &self.bytes()[(j / NR) * self.cols * NR * eb..];
+        for (i, o) in out[..self.cols].iter_mut().enumerate() {
+            let at = (i * NR + j % NR) * eb;
+            let e = &panel[at..at + eb];
+            *o = match self.dtype {
+                DType::F32 => f32::from_le_bytes([e[0], e[1], e[2], e[3]]),
+                DType::BF16 => bf16::from_le_bytes([e[0], e[1]]).to_f32(),
+                _ => f16::from_le_bytes([e[0], e[1]]).to_f32(),
+            };
+        }
+    }
+}
+
+impl Packed {
+    /// The matrix back in its stored (row-major) layout.
+    pub fn to_host(&self) -> HostWeight {
+        let eb = elem_bytes(self.dtype);
+        let src = self.bytes();
+        let mut bytes = vec![0u8; self.rows * self.cols * eb];
+        for (j, row) in bytes.chunks_exact_mut(self.cols * eb).enumerate() {
+            let panel = &src[(j / NR) * self.cols * NR * eb..];
+            for (i, e) in row.chunks_exact_mut(eb).enumerate() {
+                let at = (i * NR + j % NR) * eb;
+                e.copy_from_slice(&panel[at..at + eb]);
+            }
+        }
+        let len = bytes.len();
+        HostWeight::new(
+            std::sync::Arc::new(bytes),
+            0,
+            len,
+            self.dtype,
+            self.rows,
+            self.cols,
+        )
+        .expect("a packed matrix unpacks to its own shape")
+    }
+}
+
+fn bytemuck_lines(buf: &mut [Line]) -> &mut [u8] {
+    let len = buf.len() * 64;
+    // SAFETY: `Line` is 64 plain bytes with no padding; the borrow is carried over.
+    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), len) }
+}
+
+/// Raw output pointer shared by the tasks; each writes a disjoint set of columns.
+#[derive(Clone, Copy)]
+pub(super) struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements and the borrow of `out` outlives the parallel loop.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `out[r, j] = Σ_i x[r, i] · w[j, i] + bias[j]` for `r < rows`, `j < w.rows()`.
+pub(crate) fn matmul(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    w: &Packed,
+    bias: Option<WeightData<'_>>,
+    out: &mut [f32],
+) {
+    let (k, n) = (w.cols, w.rows);
+    assert!(
+        x.len() >= rows * k && out.len() >= rows * n,
+        "matmul shape mismatch"
+    );
+    if let Some(b) = bias {
+        assert_eq!(b.len(), n, "bias length");
+    }
+    if rows == 0 {
+        return;
+    }
+    let panels = n.div_ceil(NR);
+    let panel_bytes = k * NR * elem_bytes(w.dtype);
+    let threads = rayon::current_num_threads().max(1);
+    // Panels per task: enough tasks to balance the threads, few enough weights to stay in L2 while every
+    // row tile streams past them.
+    let by_cache = (384 * 1024 / panel_bytes).max(1);
+    let by_threads = panels.div_ceil(4 * threads).max(1);
+    // Whole multiples of the widest (8-panel) tile, so decode rarely runs narrow remainder tiles.
+    let block = by_cache.min(by_threads).div_ceil(8) * 8;
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let job = Job {
+        x,
+        rows,
+        k,
+        n,
+        bias,
+        w,
+    };
+    (0..panels.div_ceil(block)).into_par_iter().for_each(|b| {
+        let ps = (b * block, ((b + 1) * block).min(panels));
+        // SAFETY: shapes checked above; panels `ps` (columns `16·ps.0..16·ps.1`) belong to this task.
+        unsafe { run(isa, &job, ps, out_ptr) }
+    });
+}
+
+/// One product, shared by its tasks.
+pub(super) struct Job<'a> {
+    pub(super) x: &'a [f32],
+    pub(super) rows: usize,
+    pub(super) k: usize,
+    n: usize,
+    bias: Option<WeightData<'a>>,
+    pub(super) w: &'a Packed,
+}
+
+impl Job<'_> {
+    /// Writes one panel row of results, `lanes[j]` being column `c0 + j` of row `r`, plus the bias,
+    /// dropping the padding columns past `n`.
+    ///
+    /// # Safety
+    /// `r < rows`, and the columns belong to the calling task.
+    #[inline(always)]
+    pub(super) unsafe fn put(&self, out: OutPtr, r: usize, c0: usize, lanes: &[f32; NR]) {
+        let o = out.0.wrapping_add(r * self.n);
+        for (j, l) in lanes.iter().enumerate().take(self.n.saturating_sub(c0).min(NR)) {
+            let b = self.bias.map_or(0.0, |b| b.get(c0 + j));
+            // SAFETY: in bounds by the caller's contract (`r < rows`, `c0 + j < n`).
+            unsafe { *o.add(c0 + j) = l + b };
+        }
+    }
+}
+
+unsafe fn run(isa: Isa, job: &Job<'_>, ps: (usize, usize), out: OutPtr) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { run_avx2(job, ps, out) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { super::packed_avx512::run(job, ps, out) },
+        _ => unsafe { run_generic::<Portable>(job, ps, out) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_avx2(job: &Job<'_>, ps: (usize, usize), out: OutPtr) {
+    unsafe { run_generic::<super::simd::Avx2>(job, ps, out) }
+}
+
+#[inline(always)]
+unsafe fn run_generic<S: Simd>(job: &Job<'_>, ps: (usize, usize), out: OutPtr) {
+    let base = job.w.base();
+    unsafe {
+        match job.w.dtype {
+            DType::F32 => block::<S, f32>(job, base.cast(), ps, out),
+            DType::BF16 => block::<S, bf16>(job, base.cast(), ps, out),
+            _ => block::<S, f16>(job, base.cast(), ps, out),
+        }
+    }
+}
+
+/// Where one tile reads and writes.
+#[derive(Clone, Copy)]
+pub(super) struct At {
+    /// First row of the tile.
+    pub(super) r: usize,
+    /// First panel of the tile.
+    pub(super) p: usize,
+}
+
+#[inline(always)]
+unsafe fn block<S: Simd, W: Elem>(job: &Job<'_>, w: *const W, ps: (usize, usize), out: OutPtr) {
+    let mut r = 0;
+    unsafe {
+        while r < job.rows {
+            let tile_rows = (job.rows - r).min(MR);
+            // Tiles wide enough for ≥ 8 independent accumulators when few rows remain (decode).
+            match tile_rows {
+                6 => row_tiles::<S, W, 6, 1>(job, w, r, ps, out),
+                5 => row_tiles::<S, W, 5, 1>(job, w, r, ps, out),
+                4 => row_tiles::<S, W, 4, 1>(job, w, r, ps, out),
+                3 => row_tiles::<S, W, 3, 2>(job, w, r, ps, out),
+                2 => row_tiles::<S, W, 2, 3>(job, w, r, ps, out),
+                _ => row_tiles::<S, W, 1, 4>(job, w, r, ps, out),
+            }
+            r += tile_rows;
+        }
+    }
+}
+
+/// Rows `r..r + R` against panels `ps`: tiles `WIDE` panels wide, then narrower ones for the rest.
+#[inline(always)]
+unsafe fn row_tiles<S: Simd, W: Elem, const R: usize, const WIDE: usize>(
+    job: &Job<'_>,
+    w: *const W,
+    r: usize,
+    ps: (usize, usize),
+    out: OutPtr,
+) {
+    let mut p = ps.0;
+    unsafe {
+        while p + WIDE <= ps.1 {
+            tile::<S, W, R, WIDE>(job, w, At { r, p }, out);
+            p += WIDE;
+        }
+        if WIDE > 2 && p + 2 <= ps.1 {
+            tile::<S, W, R, 2>(job, w, At { r, p }, out);
+            p += 2;
+        }
+        while p < ps.1 {
+            tile::<S, W, R, 1>(job, w, At { r, p }, out);
+            p += 1;
+        }
+    }
+}
+
+/// `R` rows against `P` panels (`R × 16P` outputs), each output one fixed-order chain over `k`.
+#[inline(always)]
+unsafe fn tile<S: Simd, W: Elem, const R: usize, const P: usize>(
+    job: &Job<'_>,
+    w: *const W,
+    at: At,
+    out: OutPtr,
+) {
+    let k = job.k;
+    let stride = k * NR;
+    unsafe {
+        let xs: [*const f32; R] = {
+            let mut xs = [job.x.as_ptr(); R];
+            for (i, p) in xs.iter_mut().enumerate() {
+                *p = job.x.as_ptr().add((at.r + i) * k);
+            }
+            xs
+        };
+        let wp = w.add(at.p * stride);
+        let mut acc = [[[S::zero(); 2]; P]; R];
+        for i in 0..k {
+            let mut wv = [[S::zero(); 2]; P];
+            for (p, v) in wv.iter_mut().enumerate() {
+                let e = wp.add(p * stride + i * NR);
+                v[0] = W::load::<S>(e);
+                v[1] = W::load::<S>(e.add(8));
+            }
+            for r in 0..R {
+                let b = S::splat(*xs[r].add(i));
+                for p in 0..P {
+                    acc[r][p][0] = S::mul_add(b, wv[p][0], acc[r][p][0]);
+                    acc[r][p][1] = S::mul_add(b, wv[p][1], acc[r][p][1]);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (p, v) in row.iter().enumerate() {
+                let mut lanes = [0.0f32; NR];
+                S::store(lanes.as_mut_ptr(), v[0]);
+                S::store(lanes.as_mut_ptr().add(8), v[1]);
+                job.put(out, at.r + r, (at.p + p) * NR, &lanes);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::test_data::lcg;
+
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect().has_avx2() {
+            v.push(Isa::Avx2);
+        }
+        if Isa::detect() == Isa::Avx512 {
+            v.push(Isa::Avx512);
+        }
+        v
+    }
+
+    fn run(isa: Isa, x: &[f32], rows: usize, w: &Packed, bias: Option<&HostWeight>) -> Vec<f32> {
+        let mut out = vec![f32::NAN; rows * w.rows()];
+        matmul(isa, x, rows, w, bias.map(|b| b.data()), &mut out);
+        out
+    }
+
+    #[test]
+    fn matches_naive_for_all_dtypes_and_odd_shapes() {
+        for &(rows, k, n) in &[
+            (1, 8, 16),
+            (3, 13, 17),
+            (7, 64, 40),
+            (9, 37, 33),
+            (13, 200, 130),
+            (2, 5, 300),
+        ] {
+            let x = lcg(1, rows * k);
+            let bias = HostWeight::from_f32(&lcg(9, n), 1, n).unwrap();
+            for dt in [DType::F32, DType::F16, DType::BF16] {
+                let host = HostWeight::from_f32_as(&lcg(2, n * k), n, k, dt).unwrap();
+                let w = Packed::pack(&host).unwrap();
+                let mut rounded = vec![0.0; n * k];
+                host.data().copy_to_f32(0, &mut rounded);
+                for isa in isas() {
+                    let out = run(isa, &x, rows, &w, Some(&bias));
+                    for r in 0..rows {
+                        for j in 0..n {
+                            let want: f64 = (0..k)
+                                .map(|i| x[r * k + i] as f64 * rounded[j * k + i] as f64)
+                                .sum::<f64>()
+                                + bias.data().get(j) as f64;
+                            let got = out[r * n + j];
+                            assert!(
+                                (got as f64 - want).abs() < 1e-4,
+                                "{isa:?} {dt} {rows}x{k}x{n} [{r},{j}]: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_are_bit_identical_whatever_the_batch_threads_and_wide_isa() {
+        let (k, n) = (131, 200);
+        let xs = lcg(3, 19 * k);
+        for dt in [DType::F32, DType::F16] {
+            let w = Packed::pack(&HostWeight::from_f32_as(&lcg(4, n * k), n, k, dt).unwrap()).unwrap();
+            for isa in isas() {
+                let alone: Vec<Vec<f32>> = (0..19)
+                    .map(|r| run(isa, &xs[r * k..(r + 1) * k], 1, &w, None))
+                    .collect();
+                for rows in [2, 3, 4, 5, 6, 7, 8, 9, 14, 19] {
+                    for threads in [1, 3] {
+                        let pool = rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .unwrap();
+                        let out = pool.install(|| run(isa, &xs, rows, &w, None));
+                        for (r, a) in alone.iter().enumerate().take(rows) {
+                            let got: Vec<u32> = out[r * n..(r + 1) * n].iter().map(|v| v.to_bits()).collect();
+                            let want: Vec<u32> = a.iter().map(|v| v.to_bits()).collect();
+                            assert_eq!(got, want, "{isa:?} {dt} row {r} of {rows} with {threads} threads");
+                        }
+                    }
+                }
+            }
+            // The AVX2 and AVX-512 tiles run the same fused chain per output: identical bits.
+            if Isa::detect() == Isa::Avx512 {
+                let a = run(Isa::Avx2, &xs, 19, &w, None);
+                let b = run(Isa::Avx512, &xs, 19, &w, None);
+                assert_eq!(a, b, "{dt}: AVX2 and AVX-512 differ");
+            }
+        }
+    }
+
+    #[test]
+    fn unpacks_and_reads_rows_back_exactly() {
+        let (n, k) = (37, 11);
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let host = HostWeight::from_f32_as(&lcg(5, n * k), n, k, dt).unwrap();
+            let w = Packed::pack(&host).unwrap();
+            let (mut a, mut b) = (vec![0.0; n * k], vec![0.0; n * k]);
+            host.data().copy_to_f32(0, &mut a);
+            w.to_host().data().copy_to_f32(0, &mut b);
+            assert_eq!(a, b, "{dt}");
+            for j in [0, 15, 16, 36] {
+                let mut row = vec![0.0; k];
+                w.row_to_f32(j, &mut row);
+                assert_eq!(row, a[j * k..(j + 1) * k], "{dt} row {j}");
+            }
+        }
+        // Vectors, short matrices and quantized formats keep their stored layout.
+        assert!(Packed::pack(&HostWeight::from_f32(&lcg(6, 64), 1, 64).unwrap()).is_none());
+        assert!(Packed::pack(&HostWeight::from_f32(&lcg(6, 15 * 4), 15, 4).unwrap()).is_none());
+        let q =
+            HostWeight::from_f32_as(&lcg(6, 32 * 32), 32, 32, DType::Quant(crate::QuantKind::Q8_0)).unwrap();
+        assert!(Packed::pack(&q).is_none());
+    }
+}
