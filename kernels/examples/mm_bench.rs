@@ -1,7 +1,9 @@
 //! Times one product `rows × k` by `n × k` weights (f16 and q8_0) with the CPU kernels, for a few row
 //! counts: the per-row cost shows whether multi-row tiles amortise the weight reads.
 //!
-//! `cargo run --release -p modelfleet-kernels --example mm_bench -- [K N THREADS]`
+//! `cargo run --release -p modelfleet-kernels --example mm_bench -- [K N THREADS [COPIES]]` (COPIES
+//! distinct weight matrices used in turn; enough of them to overflow the caches time products whose
+//! weights stream from memory, as in decode)
 
 use modelfleet_kernels::cpu::CpuKernels;
 use modelfleet_kernels::{DType, HostWeight, Kernels, QuantKind};
@@ -14,12 +16,17 @@ fn main() {
         args.get(1).copied().unwrap_or(1536),
         args.get(2).copied().unwrap_or(2),
     );
+    let copies = args.get(3).copied().unwrap_or(1).max(1);
     let kern = CpuKernels::new(threads);
     let vals: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5)
         .collect();
     for dtype in [DType::F32, DType::F16, DType::Quant(QuantKind::Q8_0)] {
-        let w = kern.upload(&HostWeight::from_f32_as(&vals, n, k, dtype).unwrap());
+        // `copies` distinct matrices used in turn: more than fit in the caches measures products that
+        // stream their weights from memory, as decode does.
+        let ws: Vec<_> = (0..copies)
+            .map(|_| kern.upload(&HostWeight::from_f32_as(&vals, n, k, dtype).unwrap()))
+            .collect();
         for rows in [1usize, 4, 16, 64] {
             let x = vec![0.25f32; rows * k];
             let mut xb = kern.alloc(rows * k);
@@ -27,14 +34,14 @@ fn main() {
             let mut out = kern.alloc(rows * n);
             let iters = (4000 / rows).max(20);
             kern.scope(|| {
-                for _ in 0..10 {
-                    kern.matmul(&xb, rows, &w, None, &mut out);
+                for w in ws.iter().cycle().take(10) {
+                    kern.matmul(&xb, rows, w, None, &mut out);
                 }
             });
             let t = Instant::now();
             kern.scope(|| {
-                for _ in 0..iters {
-                    kern.matmul(&xb, rows, &w, None, &mut out);
+                for w in ws.iter().cycle().take(iters) {
+                    kern.matmul(&xb, rows, w, None, &mut out);
                 }
             });
             let per = t.elapsed().as_secs_f64() / iters as f64;

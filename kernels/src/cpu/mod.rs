@@ -11,6 +11,8 @@ mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx512;
 mod qdot;
+#[cfg(target_arch = "x86_64")]
+mod qdot_avx512;
 pub mod simd;
 #[cfg(test)]
 mod test_data;

@@ -349,6 +349,10 @@ unsafe fn tile<S: Simd, W: Elem, const R: usize, const P: usize>(
             let mut wv = [[S::zero(); 2]; P];
             for (p, v) in wv.iter_mut().enumerate() {
                 let e = wp.add(p * stride + i * NR);
+                if R <= 3 {
+                    // Few rows: bound by memory, so ask 1 KiB ahead in this panel.
+                    S::prefetch(e.cast::<u8>().wrapping_add(1024));
+                }
                 v[0] = W::load::<S>(e);
                 v[1] = W::load::<S>(e.add(8));
             }

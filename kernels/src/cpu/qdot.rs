@@ -102,13 +102,13 @@ pub(crate) fn dot_tile(kind: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &m
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use super::Q8Block;
     use crate::quant::QuantKind;
     use std::arch::x86_64::*;
 
     #[inline(always)]
-    unsafe fn f16_at(p: *const u8) -> f32 {
+    pub(in crate::cpu) unsafe fn f16_at(p: *const u8) -> f32 {
         unsafe {
             let bits = (p.read() as i32) | ((p.add(1).read() as i32) << 8);
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
@@ -118,7 +118,7 @@ mod avx2 {
     /// The 32 4-bit values of a Q4 block as unsigned bytes in element order (low nibbles are elements
     /// 0–15, high nibbles 16–31, as in ggml).
     #[inline(always)]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
+    pub(in crate::cpu) unsafe fn nibbles(p: *const u8) -> __m256i {
         unsafe {
             let qs = _mm_loadu_si128(p.cast());
             let mask = _mm_set1_epi8(0x0F);
@@ -342,14 +342,14 @@ mod avx2 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::cpu::simd::Isa;
     use crate::cpu::test_data::lcg;
     use crate::quant::{dequantize_row, quantize_q4_0, quantize_q8_0};
 
     /// A Q4_1 row built by hand (no quantizer here): random nibbles, scales and minimums.
-    fn q4_1_row(seed: u64, k: usize) -> Vec<u8> {
+    pub(in crate::cpu) fn q4_1_row(seed: u64, k: usize) -> Vec<u8> {
         let r = lcg(seed, k / 32 * 20);
         let mut out = Vec::new();
         for (b, chunk) in r.chunks(20).enumerate() {

@@ -21,8 +21,8 @@ pub enum Isa {
     Portable,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
-    /// [`Isa::Avx2`] plus AVX-512 F/BW/VL: the packed float matmul uses 512-bit tiles; every other
-    /// kernel runs its AVX2 code, with identical results.
+    /// [`Isa::Avx2`] plus AVX-512 F/BW/VL/VNNI: the float and integer matmuls use 512-bit tiles (the
+    /// float ones with results identical to AVX2's); every other kernel runs its AVX2 code.
     Avx512,
 }
 
@@ -39,6 +39,7 @@ impl Isa {
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
                 {
                     return Isa::Avx512;
                 }
@@ -118,6 +119,11 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     unsafe fn hsum(v: Self::V) -> f32;
     /// Scalar `a * b + c`, fused exactly when [`Simd::mul_add`] is.
     fn scalar_mul_add(a: f32, b: f32, c: f32) -> f32;
+    /// A hint to bring the line at `p` into the cache; never faults (any address is fine).
+    #[inline(always)]
+    fn prefetch(p: *const u8) {
+        let _ = p;
+    }
 }
 
 /// The portable implementation.
@@ -233,6 +239,11 @@ mod avx2 {
         #[inline(always)]
         fn scalar_mul_add(a: f32, b: f32, c: f32) -> f32 {
             a.mul_add(b, c)
+        }
+        #[inline(always)]
+        fn prefetch(p: *const u8) {
+            // SAFETY: a prefetch is a hint and never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
         }
     }
 }

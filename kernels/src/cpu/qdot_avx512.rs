@@ -1,0 +1,256 @@
+//! AVX-512 VNNI integer dot products for Q8_0, Q4_0 and Q4_1 weights against 8-bit activation blocks
+//! ([`super::qdot::Q8Block`]): two blocks of 32 per 512-bit register, one `vpdpbusd` (unsigned × signed
+//! bytes, four products summed per 32-bit lane) per pair of blocks, against `maddubs` + `madd` + a sign
+//! fix-up per block with AVX2. Tiles of up to 4 activation rows × 4 weight rows share every load (4 × 2 when there are several
+//! rows: wider tiles spill registers; 1 × 4 for a single row).
+//!
+//! `vpdpbusd` multiplies an unsigned operand by a signed one. Q4_1 weights are unsigned nibbles, so they
+//! go in as they are. For the signed formats (Q8_0, Q4_0) the activations are offset to unsigned
+//! (`x + 128`, a flip of the top bit) and the excess `128 · Σw` — computed once per weight block pair
+//! with the same instruction — starts the accumulator negated: the integer sums are exact either way.
+//!
+//! Invariants: each output is the same sequence whatever the tile: per pair of blocks, the exact
+//! integer sums (lanes 0–7 the even block, 8–15 the odd one), converted to f32 and fused into a 16-lane
+//! accumulator with the scale `d_w · d_x`; then a fixed 16-lane sum, plus (Q4_1) the minimums' term
+//! `Σ m · s` added block by block. So batch invariance holds; the result differs from the AVX2 path in
+//! summation order only (the integer sums are identical).
+
+use super::qdot::Q8Block;
+use super::qdot::avx2::{f16_at, nibbles};
+use crate::quant::QuantKind;
+use std::arch::x86_64::*;
+
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q4_1: u8 = 2;
+
+/// Largest tile.
+pub(crate) const ROWS: usize = 4;
+/// Largest tile.
+pub(crate) const COLS: usize = 4;
+
+/// `out[r][c] = dot(ws[c], xs[r])` for up to [`ROWS`] activation rows and [`COLS`] weight rows.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI (and AVX2, F16C); every `ws[c]` holds `nb` whole blocks of
+/// `kind` and every `xs[r]` at least `nb` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn dot_tile(
+    kind: QuantKind,
+    ws: &[&[u8]],
+    xs: &[&[Q8Block]],
+    out: &mut [[f32; COLS]; ROWS],
+) {
+    macro_rules! go {
+        ($k:expr, $r:literal, $c:literal) => {{
+            let t = unsafe { tile::<$k, $r, $c>(ws, xs) };
+            for r in 0..$r {
+                out[r][..$c].copy_from_slice(&t[r]);
+            }
+        }};
+    }
+    macro_rules! rows {
+        ($k:expr, $c:literal) => {
+            match xs.len() {
+                1 => go!($k, 1, $c),
+                2 => go!($k, 2, $c),
+                3 => go!($k, 3, $c),
+                _ => go!($k, 4, $c),
+            }
+        };
+    }
+    macro_rules! cols {
+        ($k:expr) => {
+            match ws.len() {
+                1 => rows!($k, 1),
+                2 => rows!($k, 2),
+                3 => rows!($k, 3),
+                _ => rows!($k, 4),
+            }
+        };
+    }
+    match kind {
+        QuantKind::Q8_0 => cols!(Q8_0),
+        QuantKind::Q4_0 => cols!(Q4_0),
+        _ => cols!(Q4_1),
+    }
+}
+
+/// Weight values of one block as 32 bytes in element order: signed for Q8_0/Q4_0, unsigned for Q4_1.
+#[inline(always)]
+unsafe fn wblock<const K: u8>(p: *const u8) -> __m256i {
+    unsafe {
+        match K {
+            Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
+            Q4_0 => _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
+            _ => nibbles(p.add(4)),
+        }
+    }
+}
+
+/// Two 256-bit halves as one register (`hi` in lanes 8–15).
+#[inline(always)]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    unsafe { _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1) }
+}
+
+/// Two scalars spread over the halves of a register.
+#[inline(always)]
+unsafe fn join_ps(lo: f32, hi: f32) -> __m512 {
+    unsafe {
+        let lo = _mm512_castps_pd(_mm512_set1_ps(lo));
+        _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_set1_ps(hi)), 1))
+    }
+}
+
+/// The 16 lanes summed in a fixed tree (halves, then the AVX2 tree).
+#[inline(always)]
+unsafe fn hsum16(v: __m512) -> f32 {
+    use crate::cpu::simd::{Avx2, Simd};
+    unsafe {
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+        Avx2::hsum(_mm256_add_ps(lo, hi))
+    }
+}
+
+#[inline(always)]
+unsafe fn tile<const K: u8, const R: usize, const C: usize>(
+    ws: &[&[u8]],
+    xs: &[&[Q8Block]],
+) -> [[f32; C]; R] {
+    let bb = match K {
+        Q8_0 => 34,
+        Q4_0 => 18,
+        _ => 20,
+    };
+    let nb = ws[0].len() / bb;
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let top = _mm512_set1_epi8(-128);
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let mut extra = [[0.0f32; C]; R];
+        let mut b = 0;
+        while b < nb {
+            // The pair (b, b + 1); an odd last block pairs with zeros (weights and scales), which add
+            // exactly nothing.
+            let two = b + 1 < nb;
+            let mut wv = [zero; C];
+            let mut init = [zero; C];
+            let mut dw = [_mm512_setzero_ps(); C];
+            let mut m = [[0.0f32; 2]; C];
+            for c in 0..C {
+                let p = ws[c].as_ptr().add(b * bb);
+                let hi = if two {
+                    wblock::<K>(p.add(bb))
+                } else {
+                    _mm256_setzero_si256()
+                };
+                wv[c] = join(wblock::<K>(p), hi);
+                dw[c] = join_ps(f16_at(p), if two { f16_at(p.add(bb)) } else { 0.0 });
+                if K == Q4_1 {
+                    m[c] = [f16_at(p.add(2)), if two { f16_at(p.add(bb + 2)) } else { 0.0 }];
+                } else {
+                    // −128 · Σw per lane: undoes the activations' +128 offset.
+                    init[c] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, top, wv[c]));
+                }
+            }
+            for r in 0..R {
+                let x0 = &*xs[r].as_ptr().add(b);
+                let x1 = if two {
+                    Some(&*xs[r].as_ptr().add(b + 1))
+                } else {
+                    None
+                };
+                let lo = _mm256_loadu_si256(x0.qs.as_ptr().cast());
+                let hi = x1.map_or(_mm256_setzero_si256(), |x| {
+                    _mm256_loadu_si256(x.qs.as_ptr().cast())
+                });
+                let xv = join(lo, hi);
+                let dx = join_ps(x0.d, x1.map_or(0.0, |x| x.d));
+                for c in 0..C {
+                    let isum = if K == Q4_1 {
+                        _mm512_dpbusd_epi32(zero, wv[c], xv)
+                    } else {
+                        _mm512_dpbusd_epi32(init[c], _mm512_xor_si512(xv, top), wv[c])
+                    };
+                    let dd = _mm512_mul_ps(dw[c], dx);
+                    acc[r][c] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(isum), acc[r][c]);
+                    if K == Q4_1 {
+                        extra[r][c] += m[c][0] * x0.s;
+                        if let Some(x) = x1 {
+                            extra[r][c] += m[c][1] * x.s;
+                        }
+                    }
+                }
+            }
+            b += 2;
+        }
+        let mut out = [[0.0f32; C]; R];
+        for r in 0..R {
+            for c in 0..C {
+                out[r][c] = hsum16(acc[r][c]) + extra[r][c];
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::qdot::{dot_tile as dot_tile_avx2, quantize_rows, tests::q4_1_row};
+    use crate::cpu::simd::Isa;
+    use crate::cpu::test_data::lcg;
+    use crate::quant::{quantize_q4_0, quantize_q8_0};
+
+    #[test]
+    fn tiles_match_avx2_and_each_output_is_independent_of_the_tile() {
+        if Isa::detect() != Isa::Avx512 {
+            return;
+        }
+        // 9 blocks: an odd count exercises the zero-padded last pair.
+        let k = 288;
+        let rows: Vec<f32> = lcg(20, 4 * k);
+        let q = quantize_rows(&rows, 4, k);
+        let xs: Vec<&[Q8Block]> = q.chunks(k / 32).collect();
+        for kind in [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1] {
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|c| match kind {
+                    QuantKind::Q8_0 => quantize_q8_0(&lcg(30 + c, k)),
+                    QuantKind::Q4_0 => quantize_q4_0(&lcg(30 + c, k)),
+                    _ => q4_1_row(30 + c, k),
+                })
+                .collect();
+            let wrefs: Vec<&[u8]> = ws.iter().map(|w| w.as_slice()).collect();
+            let mut full = [[0.0f32; COLS]; ROWS];
+            // SAFETY: AVX-512 VNNI detected; whole blocks.
+            unsafe { dot_tile(kind, &wrefs, &xs, &mut full) };
+            for r in 0..4 {
+                for c in 0..4 {
+                    // The integer sums are AVX2's; only the order of the f32 sum differs.
+                    let mut two = [[0.0f32; 2]; 4];
+                    dot_tile_avx2(kind, &wrefs[c..c + 1], &xs[r..r + 1], &mut two);
+                    let scale = two[0][0].abs().max(1.0);
+                    assert!(
+                        (full[r][c] - two[0][0]).abs() <= 1e-5 * scale,
+                        "{kind:?} [{r},{c}]: {} vs AVX2 {}",
+                        full[r][c],
+                        two[0][0]
+                    );
+                    for (nr, nc) in [(1, 1), (2, 3), (3, 2)] {
+                        let (r0, c0) = (r.min(4 - nr), c.min(4 - nc));
+                        let mut part = [[0.0f32; COLS]; ROWS];
+                        // SAFETY: as above.
+                        unsafe { dot_tile(kind, &wrefs[c0..c0 + nc], &xs[r0..r0 + nr], &mut part) };
+                        assert_eq!(
+                            part[r - r0][c - c0].to_bits(),
+                            full[r][c].to_bits(),
+                            "{kind:?} [{r},{c}] in a {nr}x{nc} tile"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
