@@ -115,7 +115,7 @@ fn matmul_q8(
     let block = by_cache.min(n.div_ceil(4 * threads).max(4));
     let out_ptr = OutPtr(out.as_mut_ptr());
     let wide = isa == Isa::Avx512;
-    // Tiles of up to 4 rows × 2 weight rows; a single row takes 1 × 4 with AVX-512, 1 × 1 with AVX2
+    // Tiles of up to 4 rows × 2 weight rows; a single row takes 1 × 2 with AVX-512, 1 × 1 with AVX2
     // (measured best with `examples/mm_bench`).
     (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
         let (c0, c1) = (b * block, ((b + 1) * block).min(n));
@@ -127,7 +127,7 @@ fn matmul_q8(
             let xs: [&[Q8Block]; 4] =
                 std::array::from_fn(|i| &xq[(r + i.min(tile - 1)) * nb..(r + i.min(tile - 1) + 1) * nb]);
             let max_cols = match (wide, tile) {
-                (true, 1) => 1,
+                (true, 1) => 2,
                 (_, 1) => 1,
                 _ => 2,
             };

@@ -62,25 +62,13 @@ impl Packed {
         let panel_bytes = cols * NR * eb;
         let total = rows.div_ceil(NR) * panel_bytes;
         let mut buf = vec![Line([0; 64]); total.div_ceil(64)];
-        let dst: &mut [u8] = bytemuck_lines(&mut buf);
-        let src: &[u8] = match w.data() {
-            WeightData::F32(d) => bytemuck::cast_slice(d),
-            WeightData::F16(d) => bytemuck::cast_slice(d),
-            WeightData::BF16(d) => bytemuck::cast_slice(d),
+        let dst = bytemuck_lines(&mut buf);
+        match w.data() {
+            WeightData::F32(d) => scatter(d, bytemuck::cast_slice_mut(&mut dst[..total]), rows, cols),
+            WeightData::F16(d) => scatter(d, bytemuck::cast_slice_mut(&mut dst[..total]), rows, cols),
+            WeightData::BF16(d) => scatter(d, bytemuck::cast_slice_mut(&mut dst[..total]), rows, cols),
             WeightData::Quant(..) => return None,
-        };
-        dst[..total]
-            .par_chunks_mut(panel_bytes)
-            .enumerate()
-            .for_each(|(p, panel)| {
-                for j in 0..NR.min(rows - p * NR) {
-                    let row = &src[(p * NR + j) * cols * eb..(p * NR + j + 1) * cols * eb];
-                    for (i, e) in row.chunks_exact(eb).enumerate() {
-                        let at = (i * NR + j) * eb;
-                        panel[at..at + eb].copy_from_slice(e);
-                    }
-                }
-            });
+        }
         Some(Packed {
             dtype,
             rows,
@@ -157,6 +145,18 @@ impl Packed {
     }
 }
 
+/// Row-major `rows × cols` elements into panels (see the module header).
+fn scatter<T: bytemuck::Pod + Send + Sync>(src: &[T], dst: &mut [T], rows: usize, cols: usize) {
+    dst.par_chunks_mut(cols * NR).enumerate().for_each(|(p, panel)| {
+        for j in 0..NR.min(rows - p * NR) {
+            let row = &src[(p * NR + j) * cols..(p * NR + j + 1) * cols];
+            for (i, e) in row.iter().enumerate() {
+                panel[i * NR + j] = *e;
+            }
+        }
+    });
+}
+
 fn bytemuck_lines(buf: &mut [Line]) -> &mut [u8] {
     let len = buf.len() * 64;
     // SAFETY: `Line` is 64 plain bytes with no padding; the borrow is carried over.
@@ -193,32 +193,53 @@ pub(crate) fn matmul(
     let panels = n.div_ceil(NR);
     let panel_bytes = k * NR * elem_bytes(w.dtype);
     let threads = rayon::current_num_threads().max(1);
-    // Panels per task: enough tasks to balance the threads, few enough weights to stay in L2 while every
-    // row tile streams past them.
+    // Tasks: blocks of panels (few enough weights to stay in L2 while the row tiles stream past them)
+    // times chunks of rows, enough of them to balance the threads. Few rows (decode) split the panels
+    // evenly over the threads, whole 8-panel tiles where possible.
     let by_cache = (384 * 1024 / panel_bytes).max(1);
-    let by_threads = panels.div_ceil(4 * threads).max(1);
-    // Whole multiples of the widest (8-panel) tile, so decode rarely runs narrow remainder tiles.
-    let block = by_cache.min(by_threads).div_ceil(8) * 8;
-    let out_ptr = OutPtr(out.as_mut_ptr());
-    let job = Job {
-        x,
-        rows,
-        k,
-        n,
-        bias,
-        w,
+    let (block, row_chunk) = if rows < 8 {
+        let even = panels.div_ceil(threads);
+        let block = if even > 8 { even.div_ceil(8) * 8 } else { even };
+        (block.min(by_cache.max(8)), rows)
+    } else {
+        let block = by_cache.min(panels.div_ceil(2 * threads)).max(1);
+        let blocks = panels.div_ceil(block);
+        let chunks = (4 * threads).div_ceil(blocks).min(rows.div_ceil(24));
+        (block, rows.div_ceil(chunks).div_ceil(24) * 24)
     };
-    (0..panels.div_ceil(block)).into_par_iter().for_each(|b| {
-        let ps = (b * block, ((b + 1) * block).min(panels));
-        // SAFETY: shapes checked above; panels `ps` (columns `16·ps.0..16·ps.1`) belong to this task.
-        unsafe { run(isa, &job, ps, out_ptr) }
-    });
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let job = Job { x, k, n, bias, w };
+    let blocks = panels.div_ceil(block);
+    (0..blocks * rows.div_ceil(row_chunk))
+        .into_par_iter()
+        .for_each(|t| {
+            let (b, c) = (t % blocks, t / blocks);
+            let ps = (b * block, ((b + 1) * block).min(panels));
+            let rs = (c * row_chunk, ((c + 1) * row_chunk).min(rows));
+            // SAFETY: shapes checked above; the outputs of rows `rs` × panels `ps` belong to this task.
+            unsafe { run(isa, &job, Part { rs, ps }, out_ptr) }
+        });
+}
+
+/// The share of one task: rows `rs.0..rs.1` against panels `ps.0..ps.1`.
+#[derive(Clone, Copy)]
+pub(super) struct Part {
+    pub(super) rs: (usize, usize),
+    pub(super) ps: (usize, usize),
+}
+
+/// Pieces of `k` run one after another for every tile, so the activations of a row tile and the piece of
+/// each panel stay in L1; the accumulators carry over through `out` (stored and reloaded exactly, so
+/// the chain per output is unchanged).
+pub(super) fn k_pieces(k: usize) -> impl Iterator<Item = (usize, usize)> {
+    let pieces = k.div_ceil(512);
+    let len = k.div_ceil(pieces);
+    (0..pieces).map(move |i| (i * len, ((i + 1) * len).min(k)))
 }
 
 /// One product, shared by its tasks.
 pub(super) struct Job<'a> {
     pub(super) x: &'a [f32],
-    pub(super) rows: usize,
     pub(super) k: usize,
     n: usize,
     bias: Option<WeightData<'a>>,
@@ -226,23 +247,46 @@ pub(super) struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Writes one panel row of results, `lanes[j]` being column `c0 + j` of row `r`, plus the bias,
-    /// dropping the padding columns past `n`.
+    /// Writes one panel row of results, `lanes[j]` being column `c0 + j` of row `r`, dropping the
+    /// padding columns past `n`; adds the bias when `last` (the final piece of `k`), else stores the
+    /// partial sums for [`Job::get`].
     ///
     /// # Safety
     /// `r < rows`, and the columns belong to the calling task.
     #[inline(always)]
-    pub(super) unsafe fn put(&self, out: OutPtr, r: usize, c0: usize, lanes: &[f32; NR]) {
+    pub(super) unsafe fn put(&self, out: OutPtr, r: usize, c0: usize, lanes: &[f32; NR], last: bool) {
         let o = out.0.wrapping_add(r * self.n);
         for (j, l) in lanes.iter().enumerate().take(self.n.saturating_sub(c0).min(NR)) {
-            let b = self.bias.map_or(0.0, |b| b.get(c0 + j));
+            let b = match (last, self.bias) {
+                (true, Some(b)) => b.get(c0 + j),
+                _ => 0.0,
+            };
             // SAFETY: in bounds by the caller's contract (`r < rows`, `c0 + j < n`).
-            unsafe { *o.add(c0 + j) = l + b };
+            unsafe { *o.add(c0 + j) = if last { l + b } else { *l } };
         }
+    }
+
+    /// The partial sums [`Job::put`] stored for row `r`, columns `c0..c0 + 16` (zero past `n`).
+    ///
+    /// # Safety
+    /// As for [`Job::put`].
+    #[inline(always)]
+    pub(super) unsafe fn get(&self, out: OutPtr, r: usize, c0: usize) -> [f32; NR] {
+        let o = out.0.wrapping_add(r * self.n);
+        let mut lanes = [0.0f32; NR];
+        for (j, l) in lanes
+            .iter_mut()
+            .enumerate()
+            .take(self.n.saturating_sub(c0).min(NR))
+        {
+            // SAFETY: in bounds by the caller's contract.
+            *l = unsafe { *o.add(c0 + j) };
+        }
+        lanes
     }
 }
 
-unsafe fn run(isa: Isa, job: &Job<'_>, ps: (usize, usize), out: OutPtr) {
+unsafe fn run(isa: Isa, job: &Job<'_>, ps: Part, out: OutPtr) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { run_avx2(job, ps, out) },
@@ -254,12 +298,12 @@ unsafe fn run(isa: Isa, job: &Job<'_>, ps: (usize, usize), out: OutPtr) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_avx2(job: &Job<'_>, ps: (usize, usize), out: OutPtr) {
+unsafe fn run_avx2(job: &Job<'_>, ps: Part, out: OutPtr) {
     unsafe { run_generic::<super::simd::Avx2>(job, ps, out) }
 }
 
 #[inline(always)]
-unsafe fn run_generic<S: Simd>(job: &Job<'_>, ps: (usize, usize), out: OutPtr) {
+unsafe fn run_generic<S: Simd>(job: &Job<'_>, ps: Part, out: OutPtr) {
     let base = job.w.base();
     unsafe {
         match job.w.dtype {
@@ -277,50 +321,55 @@ pub(super) struct At {
     pub(super) r: usize,
     /// First panel of the tile.
     pub(super) p: usize,
+    /// The piece of `k` this pass covers.
+    pub(super) ks: (usize, usize),
 }
 
 #[inline(always)]
-unsafe fn block<S: Simd, W: Elem>(job: &Job<'_>, w: *const W, ps: (usize, usize), out: OutPtr) {
-    let mut r = 0;
-    unsafe {
-        while r < job.rows {
-            let tile_rows = (job.rows - r).min(MR);
-            // Tiles wide enough for ≥ 8 independent accumulators when few rows remain (decode).
-            match tile_rows {
-                6 => row_tiles::<S, W, 6, 1>(job, w, r, ps, out),
-                5 => row_tiles::<S, W, 5, 1>(job, w, r, ps, out),
-                4 => row_tiles::<S, W, 4, 1>(job, w, r, ps, out),
-                3 => row_tiles::<S, W, 3, 2>(job, w, r, ps, out),
-                2 => row_tiles::<S, W, 2, 3>(job, w, r, ps, out),
-                _ => row_tiles::<S, W, 1, 4>(job, w, r, ps, out),
+unsafe fn block<S: Simd, W: Elem>(job: &Job<'_>, w: *const W, part: Part, out: OutPtr) {
+    for ks in k_pieces(job.k) {
+        let mut r = part.rs.0;
+        unsafe {
+            while r < part.rs.1 {
+                let tile_rows = (part.rs.1 - r).min(MR);
+                let at = At { r, p: part.ps.0, ks };
+                // Tiles wide enough for ≥ 8 independent accumulators when few rows remain (decode).
+                match tile_rows {
+                    6 => row_tiles::<S, W, 6, 1>(job, w, at, part.ps.1, out),
+                    5 => row_tiles::<S, W, 5, 1>(job, w, at, part.ps.1, out),
+                    4 => row_tiles::<S, W, 4, 1>(job, w, at, part.ps.1, out),
+                    3 => row_tiles::<S, W, 3, 2>(job, w, at, part.ps.1, out),
+                    2 => row_tiles::<S, W, 2, 3>(job, w, at, part.ps.1, out),
+                    _ => row_tiles::<S, W, 1, 4>(job, w, at, part.ps.1, out),
+                }
+                r += tile_rows;
             }
-            r += tile_rows;
         }
     }
 }
 
-/// Rows `r..r + R` against panels `ps`: tiles `WIDE` panels wide, then narrower ones for the rest.
+/// Rows `at.r..at.r + R` against panels `at.p..end`: tiles `WIDE` panels wide, then narrower ones.
 #[inline(always)]
 unsafe fn row_tiles<S: Simd, W: Elem, const R: usize, const WIDE: usize>(
     job: &Job<'_>,
     w: *const W,
-    r: usize,
-    ps: (usize, usize),
+    at: At,
+    end: usize,
     out: OutPtr,
 ) {
-    let mut p = ps.0;
+    let mut at = at;
     unsafe {
-        while p + WIDE <= ps.1 {
-            tile::<S, W, R, WIDE>(job, w, At { r, p }, out);
-            p += WIDE;
+        while at.p + WIDE <= end {
+            tile::<S, W, R, WIDE>(job, w, at, out);
+            at.p += WIDE;
         }
-        if WIDE > 2 && p + 2 <= ps.1 {
-            tile::<S, W, R, 2>(job, w, At { r, p }, out);
-            p += 2;
+        if WIDE > 2 && at.p + 2 <= end {
+            tile::<S, W, R, 2>(job, w, at, out);
+            at.p += 2;
         }
-        while p < ps.1 {
-            tile::<S, W, R, 1>(job, w, At { r, p }, out);
-            p += 1;
+        while at.p < end {
+            tile::<S, W, R, 1>(job, w, at, out);
+            at.p += 1;
         }
     }
 }
@@ -345,7 +394,16 @@ unsafe fn tile<S: Simd, W: Elem, const R: usize, const P: usize>(
         };
         let wp = w.add(at.p * stride);
         let mut acc = [[[S::zero(); 2]; P]; R];
-        for i in 0..k {
+        if at.ks.0 > 0 {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (p, v) in row.iter_mut().enumerate() {
+                    let lanes = job.get(out, at.r + r, (at.p + p) * NR);
+                    v[0] = S::load(lanes.as_ptr());
+                    v[1] = S::load(lanes.as_ptr().add(8));
+                }
+            }
+        }
+        for i in at.ks.0..at.ks.1 {
             let mut wv = [[S::zero(); 2]; P];
             for (p, v) in wv.iter_mut().enumerate() {
                 let e = wp.add(p * stride + i * NR);
@@ -364,12 +422,13 @@ unsafe fn tile<S: Simd, W: Elem, const R: usize, const P: usize>(
                 }
             }
         }
+        let last = at.ks.1 == k;
         for (r, row) in acc.iter().enumerate() {
             for (p, v) in row.iter().enumerate() {
                 let mut lanes = [0.0f32; NR];
                 S::store(lanes.as_mut_ptr(), v[0]);
                 S::store(lanes.as_mut_ptr().add(8), v[1]);
-                job.put(out, at.r + r, (at.p + p) * NR, &lanes);
+                job.put(out, at.r + r, (at.p + p) * NR, &lanes, last);
             }
         }
     }
@@ -437,9 +496,9 @@ mod tests {
 
     #[test]
     fn rows_are_bit_identical_whatever_the_batch_threads_and_wide_isa() {
-        let (k, n) = (131, 200);
-        let xs = lcg(3, 19 * k);
-        for dt in [DType::F32, DType::F16] {
+        for (k, dt) in [(131, DType::F32), (131, DType::F16), (1100, DType::F16)] {
+            let n = 200;
+            let xs = lcg(3, 19 * k);
             let w = Packed::pack(&HostWeight::from_f32_as(&lcg(4, n * k), n, k, dt).unwrap()).unwrap();
             for isa in isas() {
                 let alone: Vec<Vec<f32>> = (0..19)

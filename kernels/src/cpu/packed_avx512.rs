@@ -7,7 +7,7 @@
 //! for `i = 0..k` in order, from `acc = 0`, then `+ bias`), so the two ISAs agree to the bit and the
 //! result depends on nothing but the element's own inputs.
 
-use super::packed::{At, Job, NR, OutPtr};
+use super::packed::{At, Job, NR, OutPtr, Part, k_pieces};
 use std::arch::x86_64::*;
 
 /// Most rows per tile.
@@ -50,7 +50,7 @@ impl Load16 for half::bf16 {
 /// # Safety
 /// The CPU must support AVX-512F; `job` must be consistent and `out` large enough (checked by the caller).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn run(job: &Job<'_>, ps: (usize, usize), out: OutPtr) {
+pub(super) unsafe fn run(job: &Job<'_>, ps: Part, out: OutPtr) {
     let base = job.w.base();
     unsafe {
         match job.w.dtype() {
@@ -62,52 +62,56 @@ pub(super) unsafe fn run(job: &Job<'_>, ps: (usize, usize), out: OutPtr) {
 }
 
 #[inline(always)]
-unsafe fn block<W: Load16>(job: &Job<'_>, w: *const W, ps: (usize, usize), out: OutPtr) {
-    let mut r = 0;
-    unsafe {
-        while r < job.rows {
-            let tile_rows = (job.rows - r).min(MR);
-            match tile_rows {
-                8 => row_tiles::<W, 8, 3>(job, w, r, ps, out),
-                7 => row_tiles::<W, 7, 3>(job, w, r, ps, out),
-                6 => row_tiles::<W, 6, 4>(job, w, r, ps, out),
-                5 => row_tiles::<W, 5, 4>(job, w, r, ps, out),
-                4 => row_tiles::<W, 4, 4>(job, w, r, ps, out),
-                3 => row_tiles::<W, 3, 6>(job, w, r, ps, out),
-                2 => row_tiles::<W, 2, 8>(job, w, r, ps, out),
-                _ => row_tiles::<W, 1, 8>(job, w, r, ps, out),
+unsafe fn block<W: Load16>(job: &Job<'_>, w: *const W, part: Part, out: OutPtr) {
+    for ks in k_pieces(job.k) {
+        let mut r = part.rs.0;
+        unsafe {
+            while r < part.rs.1 {
+                let tile_rows = (part.rs.1 - r).min(MR);
+                let at = At { r, p: part.ps.0, ks };
+                let end = part.ps.1;
+                match tile_rows {
+                    8 => row_tiles::<W, 8, 3>(job, w, at, end, out),
+                    7 => row_tiles::<W, 7, 3>(job, w, at, end, out),
+                    6 => row_tiles::<W, 6, 4>(job, w, at, end, out),
+                    5 => row_tiles::<W, 5, 4>(job, w, at, end, out),
+                    4 => row_tiles::<W, 4, 4>(job, w, at, end, out),
+                    3 => row_tiles::<W, 3, 6>(job, w, at, end, out),
+                    2 => row_tiles::<W, 2, 8>(job, w, at, end, out),
+                    _ => row_tiles::<W, 1, 8>(job, w, at, end, out),
+                }
+                r += tile_rows;
             }
-            r += tile_rows;
         }
     }
 }
 
-/// Rows `r..r + R` against panels `ps`: tiles `WIDE` panels wide, then narrower ones for the rest.
+/// Rows `at.r..at.r + R` against panels `at.p..end`: tiles `WIDE` panels wide, then narrower ones.
 #[inline(always)]
 unsafe fn row_tiles<W: Load16, const R: usize, const WIDE: usize>(
     job: &Job<'_>,
     w: *const W,
-    r: usize,
-    ps: (usize, usize),
+    at: At,
+    end: usize,
     out: OutPtr,
 ) {
-    let mut p = ps.0;
+    let mut at = at;
     unsafe {
-        while p + WIDE <= ps.1 {
-            tile::<W, R, WIDE>(job, w, At { r, p }, out);
-            p += WIDE;
+        while at.p + WIDE <= end {
+            tile::<W, R, WIDE>(job, w, at, out);
+            at.p += WIDE;
         }
-        if WIDE > 4 && p + 4 <= ps.1 {
-            tile::<W, R, 4>(job, w, At { r, p }, out);
-            p += 4;
+        if WIDE > 4 && at.p + 4 <= end {
+            tile::<W, R, 4>(job, w, at, out);
+            at.p += 4;
         }
-        if WIDE > 2 && p + 2 <= ps.1 {
-            tile::<W, R, 2>(job, w, At { r, p }, out);
-            p += 2;
+        if WIDE > 2 && at.p + 2 <= end {
+            tile::<W, R, 2>(job, w, at, out);
+            at.p += 2;
         }
-        while p < ps.1 {
-            tile::<W, R, 1>(job, w, At { r, p }, out);
-            p += 1;
+        while at.p < end {
+            tile::<W, R, 1>(job, w, at, out);
+            at.p += 1;
         }
     }
 }
@@ -123,7 +127,15 @@ unsafe fn tile<W: Load16, const R: usize, const P: usize>(job: &Job<'_>, w: *con
         }
         let wp = w.add(at.p * stride);
         let mut acc = [[_mm512_setzero_ps(); P]; R];
-        for i in 0..k {
+        if at.ks.0 > 0 {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (p, v) in row.iter_mut().enumerate() {
+                    let lanes = job.get(out, at.r + r, (at.p + p) * NR);
+                    *v = _mm512_loadu_ps(lanes.as_ptr());
+                }
+            }
+        }
+        for i in at.ks.0..at.ks.1 {
             let mut wv = [_mm512_setzero_ps(); P];
             for (p, v) in wv.iter_mut().enumerate() {
                 let e = wp.add(p * stride + i * NR);
@@ -141,11 +153,12 @@ unsafe fn tile<W: Load16, const R: usize, const P: usize>(job: &Job<'_>, w: *con
                 }
             }
         }
+        let last = at.ks.1 == k;
         for (r, row) in acc.iter().enumerate() {
             for (p, v) in row.iter().enumerate() {
                 let mut lanes = [0.0f32; NR];
                 _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
-                job.put(out, at.r + r, (at.p + p) * NR, &lanes);
+                job.put(out, at.r + r, (at.p + p) * NR, &lanes, last);
             }
         }
     }

@@ -1,8 +1,8 @@
 //! AVX-512 VNNI integer dot products for Q8_0, Q4_0 and Q4_1 weights against 8-bit activation blocks
 //! ([`super::qdot::Q8Block`]): two blocks of 32 per 512-bit register, one `vpdpbusd` (unsigned × signed
 //! bytes, four products summed per 32-bit lane) per pair of blocks, against `maddubs` + `madd` + a sign
-//! fix-up per block with AVX2. Tiles of up to 4 activation rows × 4 weight rows share every load (4 × 2 when there are several
-//! rows: wider tiles spill registers; 1 × 4 for a single row).
+//! fix-up per block with AVX2. Tiles of up to 4 activation rows × 4 weight rows share every load; the
+//! matmul uses 4 × 2 (wider tiles spill registers) and 1 × 2 for a single row.
 //!
 //! `vpdpbusd` multiplies an unsigned operand by a signed one. Q4_1 weights are unsigned nibbles, so they
 //! go in as they are. For the signed formats (Q8_0, Q4_0) the activations are offset to unsigned
@@ -114,77 +114,32 @@ unsafe fn hsum16(v: __m512) -> f32 {
     }
 }
 
+/// Bytes per block of each format.
+const fn block_bytes(k: u8) -> usize {
+    match k {
+        Q8_0 => 34,
+        Q4_0 => 18,
+        _ => 20,
+    }
+}
+
 #[inline(always)]
 unsafe fn tile<const K: u8, const R: usize, const C: usize>(
     ws: &[&[u8]],
     xs: &[&[Q8Block]],
 ) -> [[f32; C]; R] {
-    let bb = match K {
-        Q8_0 => 34,
-        Q4_0 => 18,
-        _ => 20,
-    };
-    let nb = ws[0].len() / bb;
+    let nb = ws[0].len() / block_bytes(K);
     unsafe {
-        let zero = _mm512_setzero_si512();
-        let top = _mm512_set1_epi8(-128);
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         let mut extra = [[0.0f32; C]; R];
         let mut b = 0;
-        while b < nb {
-            // The pair (b, b + 1); an odd last block pairs with zeros (weights and scales), which add
-            // exactly nothing.
-            let two = b + 1 < nb;
-            let mut wv = [zero; C];
-            let mut init = [zero; C];
-            let mut dw = [_mm512_setzero_ps(); C];
-            let mut m = [[0.0f32; 2]; C];
-            for c in 0..C {
-                let p = ws[c].as_ptr().add(b * bb);
-                let hi = if two {
-                    wblock::<K>(p.add(bb))
-                } else {
-                    _mm256_setzero_si256()
-                };
-                wv[c] = join(wblock::<K>(p), hi);
-                dw[c] = join_ps(f16_at(p), if two { f16_at(p.add(bb)) } else { 0.0 });
-                if K == Q4_1 {
-                    m[c] = [f16_at(p.add(2)), if two { f16_at(p.add(bb + 2)) } else { 0.0 }];
-                } else {
-                    // −128 · Σw per lane: undoes the activations' +128 offset.
-                    init[c] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, top, wv[c]));
-                }
-            }
-            for r in 0..R {
-                let x0 = &*xs[r].as_ptr().add(b);
-                let x1 = if two {
-                    Some(&*xs[r].as_ptr().add(b + 1))
-                } else {
-                    None
-                };
-                let lo = _mm256_loadu_si256(x0.qs.as_ptr().cast());
-                let hi = x1.map_or(_mm256_setzero_si256(), |x| {
-                    _mm256_loadu_si256(x.qs.as_ptr().cast())
-                });
-                let xv = join(lo, hi);
-                let dx = join_ps(x0.d, x1.map_or(0.0, |x| x.d));
-                for c in 0..C {
-                    let isum = if K == Q4_1 {
-                        _mm512_dpbusd_epi32(zero, wv[c], xv)
-                    } else {
-                        _mm512_dpbusd_epi32(init[c], _mm512_xor_si512(xv, top), wv[c])
-                    };
-                    let dd = _mm512_mul_ps(dw[c], dx);
-                    acc[r][c] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(isum), acc[r][c]);
-                    if K == Q4_1 {
-                        extra[r][c] += m[c][0] * x0.s;
-                        if let Some(x) = x1 {
-                            extra[r][c] += m[c][1] * x.s;
-                        }
-                    }
-                }
-            }
+        while b + 2 <= nb {
+            pair::<K, R, C, true>(ws, xs, b, &mut acc, &mut extra);
             b += 2;
+        }
+        if b < nb {
+            // An odd last block pairs with zeros (weights and scales), which add exactly nothing.
+            pair::<K, R, C, false>(ws, xs, b, &mut acc, &mut extra);
         }
         let mut out = [[0.0f32; C]; R];
         for r in 0..R {
@@ -193,6 +148,71 @@ unsafe fn tile<const K: u8, const R: usize, const C: usize>(
             }
         }
         out
+    }
+}
+
+/// Blocks `b` and `b + 1` (only `b` when not `TWO`) of every row and column of the tile.
+#[inline(always)]
+unsafe fn pair<const K: u8, const R: usize, const C: usize, const TWO: bool>(
+    ws: &[&[u8]],
+    xs: &[&[Q8Block]],
+    b: usize,
+    acc: &mut [[__m512; C]; R],
+    extra: &mut [[f32; C]; R],
+) {
+    let bb = block_bytes(K);
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let top = _mm512_set1_epi8(-128);
+        let mut wv = [zero; C];
+        let mut init = [zero; C];
+        let mut dw = [_mm512_setzero_ps(); C];
+        let mut m = [[0.0f32; 2]; C];
+        for c in 0..C {
+            let p = ws[c].as_ptr().add(b * bb);
+            let hi = if TWO {
+                wblock::<K>(p.add(bb))
+            } else {
+                _mm256_setzero_si256()
+            };
+            wv[c] = join(wblock::<K>(p), hi);
+            dw[c] = join_ps(f16_at(p), if TWO { f16_at(p.add(bb)) } else { 0.0 });
+            if K == Q4_1 {
+                m[c] = [f16_at(p.add(2)), if TWO { f16_at(p.add(bb + 2)) } else { 0.0 }];
+            } else {
+                // −128 · Σw per lane: undoes the activations' +128 offset.
+                init[c] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, top, wv[c]));
+            }
+        }
+        for r in 0..R {
+            let x = xs[r].as_ptr().add(b);
+            let x0 = &*x;
+            let lo = _mm256_loadu_si256(x0.qs.as_ptr().cast());
+            let (hi, d1, s1) = if TWO {
+                let x1 = &*x.add(1);
+                (_mm256_loadu_si256(x1.qs.as_ptr().cast()), x1.d, x1.s)
+            } else {
+                (_mm256_setzero_si256(), 0.0, 0.0)
+            };
+            let xv = join(lo, hi);
+            let xu = _mm512_xor_si512(xv, top);
+            let dx = join_ps(x0.d, d1);
+            for c in 0..C {
+                let isum = if K == Q4_1 {
+                    _mm512_dpbusd_epi32(zero, wv[c], xv)
+                } else {
+                    _mm512_dpbusd_epi32(init[c], xu, wv[c])
+                };
+                let dd = _mm512_mul_ps(dw[c], dx);
+                acc[r][c] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(isum), acc[r][c]);
+                if K == Q4_1 {
+                    extra[r][c] += m[c][0] * x0.s;
+                    if TWO {
+                        extra[r][c] += m[c][1] * s1;
+                    }
+                }
+            }
+        }
     }
 }
 
