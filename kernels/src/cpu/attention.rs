@@ -121,8 +121,9 @@ unsafe fn one_head<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
         let corr = (m - m_new).exp();
         l *= corr;
         unsafe { simd::scale::<S>(corr, acc) };
-        for (i, s) in scores[..len].iter().enumerate() {
-            let p = (s - m_new).exp();
+        let mut probs = [0.0f32; CHUNK];
+        unsafe { simd::exp_shifted::<S>(&scores[..len], m_new, &mut probs[..len]) };
+        for (i, &p) in probs[..len].iter().enumerate() {
             l += p;
             let v = &t.v_cache[base + i * hd..base + (i + 1) * hd];
             unsafe { simd::axpy::<S>(p, v, acc) };

@@ -6,6 +6,7 @@
 //! Formulas follow Hugging Face `transformers`' Llama: RMSNorm `x / sqrt(mean(x²) + eps) · w` in f32,
 //! RoPE in the rotate-half layout (pairs `(i, i + d/2)`) with angle `pos · inv_freq[i]` in f32.
 
+use super::simd::{self, Isa, Portable, Simd};
 use crate::layout::{KvLayout, Rope};
 use crate::weight::WeightData;
 use rayon::prelude::*;
@@ -81,14 +82,34 @@ pub(crate) fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: 
 }
 
 /// `out = silu(gate) · up`.
-pub(crate) fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+pub(crate) fn silu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
     out.par_chunks_mut(4096).enumerate().for_each(|(c, o)| {
         let base = c * 4096;
-        for (i, o) in o.iter_mut().enumerate() {
-            let g = gate[base + i];
-            *o = g / (1.0 + (-g).exp()) * up[base + i];
+        let (g, u) = (&gate[base..base + o.len()], &up[base..base + o.len()]);
+        // SAFETY: the ISA was detected on this CPU; the slices have equal lengths.
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 | Isa::Avx512 => silu_mul_avx2(g, u, o),
+                _ => silu_mul_lanes::<Portable>(g, u, o),
+            }
         }
     });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn silu_mul_avx2(g: &[f32], u: &[f32], o: &mut [f32]) {
+    unsafe { silu_mul_lanes::<super::simd::Avx2>(g, u, o) }
+}
+
+/// `o = g / (1 + e^-g) · u`, 8 lanes at a time (the gate first, then the product with `u`).
+#[inline(always)]
+unsafe fn silu_mul_lanes<S: Simd>(g: &[f32], u: &[f32], o: &mut [f32]) {
+    unsafe { simd::silu::<S>(g, o) };
+    for (o, u) in o.iter_mut().zip(u) {
+        *o *= u;
+    }
 }
 
 /// Stores new keys and values at their slots.

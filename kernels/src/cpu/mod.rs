@@ -149,7 +149,7 @@ impl Kernels for CpuKernels {
     }
 
     fn silu_mul(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) {
-        elementwise::silu_mul(&gate[..len], &up[..len], &mut out[..len]);
+        elementwise::silu_mul(self.isa, &gate[..len], &up[..len], &mut out[..len]);
     }
 
     fn rope(&self, x: &mut Vec<f32>, num_heads: usize, head_dim: usize, positions: &[u32], rope: Rope<'_>) {
