@@ -98,6 +98,19 @@ unsafe fn run_avx2(task: &Task<'_>, acc: &mut [f32]) {
 
 #[inline(always)]
 unsafe fn one_head<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
+    // Common head sizes keep the query and the accumulator in registers; the arithmetic is the same.
+    unsafe {
+        match t.layout.head_dim {
+            64 => one_head_fixed::<S, 8>(t, acc),
+            128 => one_head_fixed::<S, 16>(t, acc),
+            _ => one_head_any::<S>(t, acc),
+        }
+    }
+}
+
+/// [`one_head`] for any head size.
+#[inline(always)]
+unsafe fn one_head_any<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
     let hd = t.layout.head_dim;
     let bs = t.layout.block_size;
     acc.fill(0.0);
@@ -132,6 +145,74 @@ unsafe fn one_head<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
         start += len;
     }
     unsafe { simd::scale::<S>(1.0 / l, acc) };
+}
+
+/// [`one_head`] for `head_dim == 8 · V`, with exactly its operations per score and per accumulator
+/// lane (so the results are bit-identical): the query and the output row live in `V` vectors each,
+/// and four keys are scored side by side (four independent chains instead of one).
+#[inline(always)]
+unsafe fn one_head_fixed<S: Simd, const V: usize>(t: &Task<'_>, out: &mut [f32]) {
+    let hd = 8 * V;
+    let bs = t.layout.block_size;
+    unsafe {
+        let mut qv = [S::zero(); V];
+        for (j, v) in qv.iter_mut().enumerate() {
+            *v = S::load(t.q.as_ptr().add(8 * j));
+        }
+        let mut acc = [S::zero(); V];
+        let mut m = f32::NEG_INFINITY;
+        let mut l = 0.0f32;
+        let mut scores = [0.0f32; CHUNK];
+        let mut probs = [0.0f32; CHUNK];
+        let n_ctx = t.pos + 1;
+        let mut start = 0;
+        while start < n_ctx {
+            let block = t.block_table[start / bs] as usize;
+            let slot0 = start % bs;
+            let len = (n_ctx - start).min(bs - slot0).min(CHUNK);
+            let base = t.layout.offset(block, t.kv_head, slot0);
+            let keys = &t.k_cache[base..base + len * hd];
+            let mut i = 0;
+            while i < len {
+                // Up to four keys at once; each score is `simd::dot`'s chain over its own lanes.
+                let n = (len - i).min(4);
+                let mut d = [S::zero(); 4];
+                for (j, qj) in qv.iter().enumerate() {
+                    for (kk, dk) in d.iter_mut().enumerate().take(n) {
+                        let kp = keys.as_ptr().add((i + kk) * hd + 8 * j);
+                        *dk = S::mul_add(*qj, S::load(kp), *dk);
+                    }
+                }
+                for (kk, dk) in d.iter().enumerate().take(n) {
+                    // `+ 0.0`: `simd::dot` adds its (empty) tail.
+                    scores[i + kk] = (S::hsum(*dk) + 0.0) * t.scale;
+                }
+                i += n;
+            }
+            let cmax = scores[..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let m_new = m.max(cmax);
+            let corr = (m - m_new).exp();
+            l *= corr;
+            for a in acc.iter_mut() {
+                *a = S::mul(S::splat(corr), *a);
+            }
+            simd::exp_shifted::<S>(&scores[..len], m_new, &mut probs[..len]);
+            let vals = &t.v_cache[base..base + len * hd];
+            for (i, &p) in probs[..len].iter().enumerate() {
+                l += p;
+                let pv = S::splat(p);
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = S::mul_add(pv, S::load(vals.as_ptr().add(i * hd + 8 * j)), *a);
+                }
+            }
+            m = m_new;
+            start += len;
+        }
+        let inv = S::splat(1.0 / l);
+        for (j, a) in acc.iter().enumerate() {
+            S::store(out.as_mut_ptr().add(8 * j), S::mul(inv, *a));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -207,6 +288,80 @@ mod tests {
                     let want = reference(q, &keys, &vals, 0.35);
                     for (a, b) in out[r * 32 + h * 8..r * 32 + h * 8 + 8].iter().zip(&want) {
                         assert!((a - b).abs() < 1e-5, "{isa:?} row {r} head {h}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn both_avx2<const V: usize>(t: &Task<'_>, a: &mut [f32], b: &mut [f32]) {
+        unsafe {
+            one_head_fixed::<simd::Avx2, V>(t, a);
+            one_head_any::<simd::Avx2>(t, b);
+        }
+    }
+
+    #[test]
+    fn register_resident_heads_match_the_general_walk_bit_for_bit() {
+        for hd in [64, 128] {
+            let layout = KvLayout {
+                num_blocks: 6,
+                block_size: 16,
+                num_kv_heads: 1,
+                head_dim: hd,
+            };
+            let kc = lcg(11, layout.len());
+            let vc = lcg(12, layout.len());
+            let q = lcg(13, hd);
+            let table = [4u32, 0, 5, 2];
+            for pos in [0, 5, 16, 37, 63] {
+                let t = Task {
+                    q: &q,
+                    block_table: &table,
+                    pos,
+                    kv_head: 0,
+                    layout: &layout,
+                    k_cache: &kc,
+                    v_cache: &vc,
+                    scale: 0.125,
+                };
+                let (mut a, mut b) = (vec![0.0; hd], vec![0.0; hd]);
+                // SAFETY: plain Rust lanes.
+                unsafe {
+                    match hd {
+                        64 => one_head_fixed::<Portable, 8>(&t, &mut a),
+                        _ => one_head_fixed::<Portable, 16>(&t, &mut a),
+                    }
+                    one_head_any::<Portable>(&t, &mut b);
+                }
+                assert_eq!(a, b, "portable, head_dim {hd}, position {pos}");
+                #[cfg(target_arch = "x86_64")]
+                if Isa::detect().has_avx2() {
+                    // SAFETY: AVX2 detected.
+                    unsafe {
+                        match hd {
+                            64 => both_avx2::<8>(&t, &mut a, &mut b),
+                            _ => both_avx2::<16>(&t, &mut a, &mut b),
+                        }
+                    }
+                    assert_eq!(a, b, "AVX2, head_dim {hd}, position {pos}");
+                    let keys: Vec<Vec<f32>> = (0..=pos)
+                        .map(|p| {
+                            let o = layout.offset(table[p / 16] as usize, 0, p % 16);
+                            kc[o..o + hd].to_vec()
+                        })
+                        .collect();
+                    let vals: Vec<Vec<f32>> = (0..=pos)
+                        .map(|p| {
+                            let o = layout.offset(table[p / 16] as usize, 0, p % 16);
+                            vc[o..o + hd].to_vec()
+                        })
+                        .collect();
+                    let want = reference(&q, &keys, &vals, 0.125);
+                    for (x, y) in a.iter().zip(&want) {
+                        assert!((x - y).abs() < 1e-4, "head_dim {hd} position {pos}: {x} vs {y}");
                     }
                 }
             }

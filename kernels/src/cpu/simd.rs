@@ -294,13 +294,7 @@ mod avx2 {
                 let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
                 let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
                 let mut y = _mm256_set1_ps(1.987_569_1e-4);
-                for c in [
-                    1.398_199_9e-3,
-                    8.333_452e-3,
-                    4.166_579_6e-2,
-                    1.666_666_5e-1,
-                    0.5,
-                ] {
+                for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
                     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
                 }
                 let y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
