@@ -135,10 +135,13 @@ fn matmul_q8(
             while c < c1 {
                 let cols = (c1 - c).min(max_cols);
                 let ws: [&[u8]; 4] = std::array::from_fn(|j| wrow(c + j.min(cols - 1)));
-                // The next tile's weight rows, fetched while this one computes (the hardware prefetcher
-                // alone leaves multi-row tiles waiting on memory).
-                let ahead = (c + cols)..(c + 2 * cols).min(c1);
-                prefetch(&w[ahead.start * row_bytes..ahead.end * row_bytes]);
+                if r == 0 {
+                    // The next tile's weight rows, fetched while this one computes (the hardware
+                    // prefetcher alone leaves multi-row tiles waiting on memory); later row tiles find
+                    // this block's weights in L2.
+                    let ahead = (c + cols)..(c + 2 * cols).min(c1);
+                    prefetch(&w[ahead.start * row_bytes..ahead.end * row_bytes]);
+                }
                 tile_dots(isa, q, &ws[..cols], &xs[..tile], &mut dots);
                 for (i, row) in dots[..tile].iter().enumerate() {
                     for (j, d) in row[..cols].iter().enumerate() {

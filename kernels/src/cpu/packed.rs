@@ -195,12 +195,14 @@ pub(crate) fn matmul(
     let threads = rayon::current_num_threads().max(1);
     // Tasks: blocks of panels (few enough weights to stay in L2 while the row tiles stream past them)
     // times chunks of rows, enough of them to balance the threads. Few rows (decode) split the panels
-    // evenly over the threads, whole 8-panel tiles where possible.
+    // evenly over the threads.
     let by_cache = (384 * 1024 / panel_bytes).max(1);
     let (block, row_chunk) = if rows < 8 {
+        // An equal share per thread (never rounded up to whole tiles: 36 panels over 2 threads as 24 + 12
+        // left one thread idle a third of the time), in L2-sized pieces for large matrices.
         let even = panels.div_ceil(threads);
-        let block = if even > 8 { even.div_ceil(8) * 8 } else { even };
-        (block.min(by_cache.max(8)), rows)
+        let pieces = even.div_ceil(by_cache.max(8));
+        (even.div_ceil(pieces), rows)
     } else {
         let block = by_cache.min(panels.div_ceil(2 * threads)).max(1);
         let blocks = panels.div_ceil(block);
