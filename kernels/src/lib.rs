@@ -12,9 +12,10 @@
 //!   multi-threaded with rayon.
 //!
 //! Architecture invariants:
-//! - Activations are f32; weights stay in their stored dtype and are widened as they are read —
-//!   except Q8_0/Q4_0/Q4_1 products on AVX2, which quantize each activation row to 8-bit blocks and
-//!   take integer dot products, as ggml does (`cpu::qdot`).
+//! - Activations are f32; weights stay in their stored dtype (float matrices may be reordered into
+//!   panels at upload) and are widened as they are read — except Q8_0/Q4_0/Q4_1 products on AVX2 and
+//!   AVX-512, which quantize each activation row to 8-bit blocks and take integer dot products, as ggml
+//!   does (`cpu::qdot`, `cpu::qdot_avx512`).
 //! - Batch invariance: every reduction for one output element runs in an order fixed by that element's
 //!   own inputs, never by the batch size or thread count, so a sequence's logits are bit-identical
 //!   alone or in any batch.

@@ -1,19 +1,20 @@
-//! `out = x · Wᵀ (+ bias)`: every weight applied to the whole batch in one matrix-matrix product,
-//! multi-threaded over blocks of output columns, reading f32/f16/bf16 weights in place. Q8_0/Q4_0/Q4_1
-//! weights on AVX2 take the integer path of `super::qdot` (activations quantized to 8 bits, as ggml
-//! does); other quantized formats, and every format on the portable ISA, are dequantized a few rows at
-//! a time into f32 scratch rows.
+//! `out = x · Wᵀ (+ bias)` for weights in their stored layout (float matrices of 16 rows or more are
+//! repacked at upload and go through [`super::packed`] instead): every weight applied to the whole batch
+//! in one matrix-matrix product, multi-threaded over blocks of output columns. Q8_0/Q4_0/Q4_1 weights
+//! take the integer paths (`super::qdot` with AVX2, `super::qdot_avx512` with AVX-512 VNNI: activations
+//! quantized to 8 bits, as ggml does); small float matrices are read in place; other quantized formats,
+//! and every format on the portable ISA, are dequantized a few rows at a time into f32 scratch rows.
 //!
-//! Invariants: each output element is one dot product over the full `k` in the fixed order of
-//! [`super::simd`] — register tiles of 4×2, 1×8, 1×4 and 1×1 outputs all perform the identical per-element
-//! operation sequence, and the split into column blocks only decides which thread computes an element,
-//! never how. So a row's outputs are bit-identical whatever the batch size or thread count (tested
-//! below). That is why this is our own kernel rather than a library GEMM: `gemm`/BLAS pick blocking and
-//! k-splitting by problem size, which changes a row's rounding with the batch.
+//! Invariants: each output element is one dot product over the full `k` in a fixed order — register
+//! tiles of 4×2, 1×8, 1×4 and 1×1 outputs all perform the identical per-element operation sequence, and
+//! the split into column blocks only decides which thread computes an element, never how. So a row's
+//! outputs are bit-identical whatever the batch size or thread count (tested below). That is why this
+//! is our own kernel rather than a library GEMM: `gemm`/BLAS pick blocking and k-splitting by problem
+//! size, which changes a row's rounding with the batch.
 //!
-//! Design: dot-product (rather than outer-product) micro-kernels as in llama.cpp's `ggml_vec_dot`, with
-//! register tiles over several rows so prefill reuses each loaded weight vector 4 times; column blocks
-//! sized so one block of weights stays in L2 while all row tiles stream past it.
+//! Design: dot-product micro-kernels as in llama.cpp's `ggml_vec_dot`, with register tiles over several
+//! rows so prefill reuses each loaded weight row 4 times; column blocks sized so one block of weights
+//! stays in L2 while all row tiles stream past it, the first pass prefetching the next tile's rows.
 
 use super::qdot::{Q8Block, dot_tile, quantize_rows};
 use super::simd::{Elem, Isa, Portable, Simd};

@@ -204,7 +204,7 @@ pub(crate) fn matmul(
         let pieces = even.div_ceil(by_cache.max(8));
         (even.div_ceil(pieces), rows)
     } else {
-        let block = by_cache.min(panels.div_ceil(2 * threads)).max(1);
+        let block = by_cache.min(panels.div_ceil(4 * threads)).max(1);
         let blocks = panels.div_ceil(block);
         let chunks = (4 * threads).div_ceil(blocks).min(rows.div_ceil(24));
         (block, rows.div_ceil(chunks).div_ceil(24) * 24)

@@ -258,7 +258,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_num_seqs,
             max_loras,
         };
-        Engine::load_with(md, CpuKernels::new(threads), &cfg)
+        let kernels = CpuKernels::new(threads);
+        eprintln!(
+            "serve: kernels: {}",
+            modelfleet_engine::kernels::Kernels::describe(&kernels)
+        );
+        Engine::load_with(md, kernels, &cfg)
     };
     let engine =
         tokio::task::spawn_blocking(move || EngineHandle::start_with_hook(load, sched, queue, Some(hook)))
