@@ -57,6 +57,36 @@ pub(crate) fn paged_attention(
         }
     }
     let width = heads.num_heads * hd;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && group > 1 && hd == 64 {
+        // With 32 vector registers, the query heads that share a KV head run as one task that reads each
+        // cached key and value once for all of them (the per-head arithmetic is unchanged).
+        out[..rows * width]
+            .par_chunks_mut(group * hd)
+            .enumerate()
+            .for_each(|(idx, acc)| {
+                let (row, kvh) = (idx / heads.num_kv_heads, idx % heads.num_kv_heads);
+                let (seq, pos) = row_seq[row];
+                if seq == usize::MAX {
+                    acc.fill(0.0);
+                    return;
+                }
+                let first = row * width + kvh * group * hd;
+                let task = Task {
+                    q: &q[first..first + group * hd],
+                    block_table: seqs[seq].block_table,
+                    pos,
+                    kv_head: kvh,
+                    layout,
+                    k_cache,
+                    v_cache,
+                    scale: heads.scale,
+                };
+                // SAFETY: `Isa::Avx512` was detected on this CPU; slices are bounds-checked inside.
+                unsafe { group_avx512(&task, acc) }
+            });
+        return;
+    }
     out[..rows * width]
         .par_chunks_mut(hd)
         .enumerate()
@@ -94,6 +124,115 @@ unsafe fn run(isa: Isa, task: &Task<'_>, acc: &mut [f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_avx2(task: &Task<'_>, acc: &mut [f32]) {
     unsafe { one_head::<simd::Avx2>(task, acc) }
+}
+
+/// The query heads of one KV head (`t.q` holds them all; `out` is as long), `head_dim` 64, in pieces
+/// of up to three heads: three queries (24 vectors) fit the 32 registers AVX-512VL gives 8-lane code.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn group_avx512(t: &Task<'_>, out: &mut [f32]) {
+    const HD: usize = 64;
+    let heads = t.q.len() / HD;
+    let mut h = 0;
+    while h < heads {
+        let n = (heads - h).min(3);
+        let piece = Task {
+            q: &t.q[h * HD..(h + n) * HD],
+            ..*t
+        };
+        let o = &mut out[h * HD..(h + n) * HD];
+        // SAFETY: AVX2 is implied by the detected AVX-512 ISA.
+        unsafe {
+            match n {
+                1 => heads_fixed::<simd::Avx2, 8, 1>(&piece, o),
+                2 => heads_fixed::<simd::Avx2, 8, 2>(&piece, o),
+                _ => heads_fixed::<simd::Avx2, 8, 3>(&piece, o),
+            }
+        }
+        h += n;
+    }
+}
+
+/// `G` query heads of one KV head at once, `head_dim == 8 · V`: each head's operations are exactly
+/// [`one_head_fixed`]'s (so the results are bit-identical), but every key and value vector is loaded
+/// once for the `G` heads. Two keys are scored side by side (2·G independent chains).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // several arrays indexed by the same (head, key, lane) indices
+unsafe fn heads_fixed<S: Simd, const V: usize, const G: usize>(t: &Task<'_>, out: &mut [f32]) {
+    let hd = 8 * V;
+    let bs = t.layout.block_size;
+    unsafe {
+        let mut qv = [[S::zero(); V]; G];
+        for (g, qg) in qv.iter_mut().enumerate() {
+            for (j, v) in qg.iter_mut().enumerate() {
+                *v = S::load(t.q.as_ptr().add(g * hd + 8 * j));
+            }
+        }
+        let mut acc = [[S::zero(); V]; G];
+        let mut m = [f32::NEG_INFINITY; G];
+        let mut l = [0.0f32; G];
+        let mut scores = [[0.0f32; CHUNK]; G];
+        let mut probs = [[0.0f32; CHUNK]; G];
+        let n_ctx = t.pos + 1;
+        let mut start = 0;
+        while start < n_ctx {
+            let block = t.block_table[start / bs] as usize;
+            let slot0 = start % bs;
+            let len = (n_ctx - start).min(bs - slot0).min(CHUNK);
+            let base = t.layout.offset(block, t.kv_head, slot0);
+            let keys = &t.k_cache[base..base + len * hd];
+            let mut i = 0;
+            while i < len {
+                let n = (len - i).min(2);
+                let mut d = [[S::zero(); 2]; G];
+                for j in 0..V {
+                    for kk in 0..n {
+                        let kv = S::load(keys.as_ptr().add((i + kk) * hd + 8 * j));
+                        for g in 0..G {
+                            d[g][kk] = S::mul_add(qv[g][j], kv, d[g][kk]);
+                        }
+                    }
+                }
+                for g in 0..G {
+                    for kk in 0..n {
+                        // `+ 0.0`: `simd::dot` adds its (empty) tail.
+                        scores[g][i + kk] = (S::hsum(d[g][kk]) + 0.0) * t.scale;
+                    }
+                }
+                i += n;
+            }
+            for g in 0..G {
+                let cmax = scores[g][..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let m_new = m[g].max(cmax);
+                let corr = (m[g] - m_new).exp();
+                l[g] *= corr;
+                for a in acc[g].iter_mut() {
+                    *a = S::mul(S::splat(corr), *a);
+                }
+                simd::exp_shifted::<S>(&scores[g][..len], m_new, &mut probs[g][..len]);
+                for &p in &probs[g][..len] {
+                    l[g] += p;
+                }
+                m[g] = m_new;
+            }
+            let vals = &t.v_cache[base..base + len * hd];
+            for i in 0..len {
+                for j in 0..V {
+                    let vv = S::load(vals.as_ptr().add(i * hd + 8 * j));
+                    for g in 0..G {
+                        acc[g][j] = S::mul_add(S::splat(probs[g][i]), vv, acc[g][j]);
+                    }
+                }
+            }
+            start += len;
+        }
+        for g in 0..G {
+            let inv = S::splat(1.0 / l[g]);
+            for j in 0..V {
+                S::store(out.as_mut_ptr().add(g * hd + 8 * j), S::mul(inv, acc[g][j]));
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -365,6 +504,52 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn grouped_heads_match_one_head_at_a_time_bit_for_bit() {
+        if Isa::detect() != Isa::Avx512 {
+            return;
+        }
+        // SmolLM2's 9 heads over 3 KV heads, and Qwen2-0.5B's 14 over 2 (pieces of 3, 3 and 1).
+        for (num_heads, num_kv_heads) in [(9, 3), (14, 2)] {
+            let hd = 64;
+            let layout = KvLayout {
+                num_blocks: 6,
+                block_size: 16,
+                num_kv_heads,
+                head_dim: hd,
+            };
+            let heads = AttnHeads {
+                num_heads,
+                num_kv_heads,
+                head_dim: hd,
+                scale: 0.125,
+            };
+            let (kc, vc) = (lcg(21, layout.len()), lcg(22, layout.len()));
+            let table = [3u32, 0, 5, 1];
+            // A decode row at position 50 and a 3-row prefill chunk at 20..23.
+            let seqs = [
+                AttnSeq {
+                    row_start: 0,
+                    num_rows: 1,
+                    first_pos: 50,
+                    block_table: &table,
+                },
+                AttnSeq {
+                    row_start: 1,
+                    num_rows: 3,
+                    first_pos: 20,
+                    block_table: &table,
+                },
+            ];
+            let q = lcg(23, 4 * num_heads * hd);
+            let mut grouped = vec![0.0; 4 * num_heads * hd];
+            let mut single = vec![0.0; 4 * num_heads * hd];
+            paged_attention(Isa::Avx512, &q, &seqs, heads, &layout, (&kc, &vc), &mut grouped);
+            paged_attention(Isa::Avx2, &q, &seqs, heads, &layout, (&kc, &vc), &mut single);
+            assert_eq!(grouped, single, "{num_heads} heads over {num_kv_heads}");
         }
     }
 }
