@@ -30,6 +30,18 @@ struct Task<'a> {
     scale: f32,
 }
 
+impl Task<'_> {
+    /// The chunk of the walk that starts at position `start`: its length (≤ [`CHUNK`], within one
+    /// block, not past this row's position) and the cache offset of its first key or value.
+    fn chunk(&self, start: usize) -> (usize, usize) {
+        let bs = self.layout.block_size;
+        let block = self.block_table[start / bs] as usize;
+        let slot0 = start % bs;
+        let len = (self.pos + 1 - start).min(bs - slot0).min(CHUNK);
+        (len, self.layout.offset(block, self.kv_head, slot0))
+    }
+}
+
 /// Runs attention for every new row of every sequence; `q` and `out` are `rows × num_heads × head_dim`.
 pub(crate) fn paged_attention(
     isa: Isa,
@@ -57,48 +69,24 @@ pub(crate) fn paged_attention(
         }
     }
     let width = heads.num_heads * hd;
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && group > 1 && hd == 64 {
-        // With 32 vector registers, the query heads that share a KV head run as one task that reads each
-        // cached key and value once for all of them (the per-head arithmetic is unchanged).
-        out[..rows * width]
-            .par_chunks_mut(group * hd)
-            .enumerate()
-            .for_each(|(idx, acc)| {
-                let (row, kvh) = (idx / heads.num_kv_heads, idx % heads.num_kv_heads);
-                let (seq, pos) = row_seq[row];
-                if seq == usize::MAX {
-                    acc.fill(0.0);
-                    return;
-                }
-                let first = row * width + kvh * group * hd;
-                let task = Task {
-                    q: &q[first..first + group * hd],
-                    block_table: seqs[seq].block_table,
-                    pos,
-                    kv_head: kvh,
-                    layout,
-                    k_cache,
-                    v_cache,
-                    scale: heads.scale,
-                };
-                // SAFETY: `Isa::Avx512` was detected on this CPU; slices are bounds-checked inside.
-                unsafe { group_avx512(&task, acc) }
-            });
-        return;
-    }
+    // With 32 vector registers (AVX-512), the query heads that share a KV head run as one task that
+    // reads each cached key and value once for all of them (the per-head arithmetic is unchanged).
+    let grouped = isa == Isa::Avx512 && group > 1 && hd == 64;
+    let per_task = if grouped { group } else { 1 };
     out[..rows * width]
-        .par_chunks_mut(hd)
+        .par_chunks_mut(per_task * hd)
         .enumerate()
         .for_each(|(idx, acc)| {
-            let (row, head) = (idx / heads.num_heads, idx % heads.num_heads);
+            let tasks_per_row = heads.num_heads / per_task;
+            let (row, head) = (idx / tasks_per_row, idx % tasks_per_row * per_task);
             let (seq, pos) = row_seq[row];
             if seq == usize::MAX {
                 acc.fill(0.0);
                 return;
             }
+            let first = row * width + head * hd;
             let task = Task {
-                q: &q[row * width + head * hd..row * width + (head + 1) * hd],
+                q: &q[first..first + per_task * hd],
                 block_table: seqs[seq].block_table,
                 pos,
                 kv_head: head / group,
@@ -108,12 +96,15 @@ pub(crate) fn paged_attention(
                 scale: heads.scale,
             };
             // SAFETY: the ISA was detected on this CPU; slices are bounds-checked inside.
-            unsafe { run(isa, &task, acc) }
+            unsafe { run(isa, grouped, &task, acc) }
         });
 }
 
-unsafe fn run(isa: Isa, task: &Task<'_>, acc: &mut [f32]) {
+/// One task: one query head, or (`grouped`, AVX-512 only) every query head of one KV head.
+unsafe fn run(isa: Isa, grouped: bool, task: &Task<'_>, acc: &mut [f32]) {
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if grouped => unsafe { group_avx512(task, acc) },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 => unsafe { run_avx2(task, acc) },
         _ => unsafe { one_head::<Portable>(task, acc) },
@@ -144,23 +135,26 @@ unsafe fn group_avx512(t: &Task<'_>, out: &mut [f32]) {
         // SAFETY: AVX2 is implied by the detected AVX-512 ISA.
         unsafe {
             match n {
-                1 => heads_fixed::<simd::Avx2, 8, 1>(&piece, o),
-                2 => heads_fixed::<simd::Avx2, 8, 2>(&piece, o),
-                _ => heads_fixed::<simd::Avx2, 8, 3>(&piece, o),
+                1 => heads_fixed::<simd::Avx2, 8, 1, 4>(&piece, o),
+                2 => heads_fixed::<simd::Avx2, 8, 2, 2>(&piece, o),
+                _ => heads_fixed::<simd::Avx2, 8, 3, 2>(&piece, o),
             }
         }
         h += n;
     }
 }
 
-/// `G` query heads of one KV head at once, `head_dim == 8 · V`: each head's operations are exactly
-/// [`one_head_fixed`]'s (so the results are bit-identical), but every key and value vector is loaded
-/// once for the `G` heads. Two keys are scored side by side (2·G independent chains).
+/// [`one_head`] for `G` query heads of one KV head at once and `head_dim == 8 · V`: the queries and the
+/// output rows stay in registers, every key and value vector is loaded once for the `G` heads, and `K`
+/// keys are scored side by side (`K · G` independent chains). Each head's operations are exactly the
+/// general walk's ([`one_head_any`]), so the results are bit-identical (tested).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // several arrays indexed by the same (head, key, lane) indices
-unsafe fn heads_fixed<S: Simd, const V: usize, const G: usize>(t: &Task<'_>, out: &mut [f32]) {
+unsafe fn heads_fixed<S: Simd, const V: usize, const G: usize, const K: usize>(
+    t: &Task<'_>,
+    out: &mut [f32],
+) {
     let hd = 8 * V;
-    let bs = t.layout.block_size;
     unsafe {
         let mut qv = [[S::zero(); V]; G];
         for (g, qg) in qv.iter_mut().enumerate() {
@@ -176,15 +170,12 @@ unsafe fn heads_fixed<S: Simd, const V: usize, const G: usize>(t: &Task<'_>, out
         let n_ctx = t.pos + 1;
         let mut start = 0;
         while start < n_ctx {
-            let block = t.block_table[start / bs] as usize;
-            let slot0 = start % bs;
-            let len = (n_ctx - start).min(bs - slot0).min(CHUNK);
-            let base = t.layout.offset(block, t.kv_head, slot0);
+            let (len, base) = t.chunk(start);
             let keys = &t.k_cache[base..base + len * hd];
             let mut i = 0;
             while i < len {
-                let n = (len - i).min(2);
-                let mut d = [[S::zero(); 2]; G];
+                let n = (len - i).min(K);
+                let mut d = [[S::zero(); K]; G];
                 for j in 0..V {
                     for kk in 0..n {
                         let kv = S::load(keys.as_ptr().add((i + kk) * hd + 8 * j));
@@ -240,8 +231,8 @@ unsafe fn one_head<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
     // Common head sizes keep the query and the accumulator in registers; the arithmetic is the same.
     unsafe {
         match t.layout.head_dim {
-            64 => one_head_fixed::<S, 8>(t, acc),
-            128 => one_head_fixed::<S, 16>(t, acc),
+            64 => heads_fixed::<S, 8, 1, 4>(t, acc),
+            128 => heads_fixed::<S, 16, 1, 4>(t, acc),
             _ => one_head_any::<S>(t, acc),
         }
     }
@@ -251,7 +242,6 @@ unsafe fn one_head<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
 #[inline(always)]
 unsafe fn one_head_any<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
     let hd = t.layout.head_dim;
-    let bs = t.layout.block_size;
     acc.fill(0.0);
     let mut m = f32::NEG_INFINITY;
     let mut l = 0.0f32;
@@ -259,10 +249,7 @@ unsafe fn one_head_any<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
     let n_ctx = t.pos + 1;
     let mut start = 0;
     while start < n_ctx {
-        let block = t.block_table[start / bs] as usize;
-        let slot0 = start % bs;
-        let len = (n_ctx - start).min(bs - slot0).min(CHUNK);
-        let base = t.layout.offset(block, t.kv_head, slot0);
+        let (len, base) = t.chunk(start);
         let mut cmax = f32::NEG_INFINITY;
         for (i, s) in scores[..len].iter_mut().enumerate() {
             let k = &t.k_cache[base + i * hd..base + (i + 1) * hd];
@@ -284,74 +271,6 @@ unsafe fn one_head_any<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
         start += len;
     }
     unsafe { simd::scale::<S>(1.0 / l, acc) };
-}
-
-/// [`one_head`] for `head_dim == 8 · V`, with exactly its operations per score and per accumulator
-/// lane (so the results are bit-identical): the query and the output row live in `V` vectors each,
-/// and four keys are scored side by side (four independent chains instead of one).
-#[inline(always)]
-unsafe fn one_head_fixed<S: Simd, const V: usize>(t: &Task<'_>, out: &mut [f32]) {
-    let hd = 8 * V;
-    let bs = t.layout.block_size;
-    unsafe {
-        let mut qv = [S::zero(); V];
-        for (j, v) in qv.iter_mut().enumerate() {
-            *v = S::load(t.q.as_ptr().add(8 * j));
-        }
-        let mut acc = [S::zero(); V];
-        let mut m = f32::NEG_INFINITY;
-        let mut l = 0.0f32;
-        let mut scores = [0.0f32; CHUNK];
-        let mut probs = [0.0f32; CHUNK];
-        let n_ctx = t.pos + 1;
-        let mut start = 0;
-        while start < n_ctx {
-            let block = t.block_table[start / bs] as usize;
-            let slot0 = start % bs;
-            let len = (n_ctx - start).min(bs - slot0).min(CHUNK);
-            let base = t.layout.offset(block, t.kv_head, slot0);
-            let keys = &t.k_cache[base..base + len * hd];
-            let mut i = 0;
-            while i < len {
-                // Up to four keys at once; each score is `simd::dot`'s chain over its own lanes.
-                let n = (len - i).min(4);
-                let mut d = [S::zero(); 4];
-                for (j, qj) in qv.iter().enumerate() {
-                    for (kk, dk) in d.iter_mut().enumerate().take(n) {
-                        let kp = keys.as_ptr().add((i + kk) * hd + 8 * j);
-                        *dk = S::mul_add(*qj, S::load(kp), *dk);
-                    }
-                }
-                for (kk, dk) in d.iter().enumerate().take(n) {
-                    // `+ 0.0`: `simd::dot` adds its (empty) tail.
-                    scores[i + kk] = (S::hsum(*dk) + 0.0) * t.scale;
-                }
-                i += n;
-            }
-            let cmax = scores[..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let m_new = m.max(cmax);
-            let corr = (m - m_new).exp();
-            l *= corr;
-            for a in acc.iter_mut() {
-                *a = S::mul(S::splat(corr), *a);
-            }
-            simd::exp_shifted::<S>(&scores[..len], m_new, &mut probs[..len]);
-            let vals = &t.v_cache[base..base + len * hd];
-            for (i, &p) in probs[..len].iter().enumerate() {
-                l += p;
-                let pv = S::splat(p);
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = S::mul_add(pv, S::load(vals.as_ptr().add(i * hd + 8 * j)), *a);
-                }
-            }
-            m = m_new;
-            start += len;
-        }
-        let inv = S::splat(1.0 / l);
-        for (j, a) in acc.iter().enumerate() {
-            S::store(out.as_mut_ptr().add(8 * j), S::mul(inv, *a));
-        }
-    }
 }
 
 #[cfg(test)]
@@ -437,7 +356,7 @@ mod tests {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn both_avx2<const V: usize>(t: &Task<'_>, a: &mut [f32], b: &mut [f32]) {
         unsafe {
-            one_head_fixed::<simd::Avx2, V>(t, a);
+            heads_fixed::<simd::Avx2, V, 1, 4>(t, a);
             one_head_any::<simd::Avx2>(t, b);
         }
     }
@@ -470,8 +389,8 @@ mod tests {
                 // SAFETY: plain Rust lanes.
                 unsafe {
                     match hd {
-                        64 => one_head_fixed::<Portable, 8>(&t, &mut a),
-                        _ => one_head_fixed::<Portable, 16>(&t, &mut a),
+                        64 => heads_fixed::<Portable, 8, 1, 4>(&t, &mut a),
+                        _ => heads_fixed::<Portable, 16, 1, 4>(&t, &mut a),
                     }
                     one_head_any::<Portable>(&t, &mut b);
                 }
