@@ -10,7 +10,11 @@
 //! Invariants: each output element `out[r, j]` is one chain `acc = x[r,0]·w[j,0]; acc = x[r,i]·w[j,i] + acc`
 //! for `i = 1..k` in order (fused on AVX2, separate multiply and add on the portable ISA), then `+ bias[j]`.
 //! The chain depends only on that element's inputs, never on the tile, the batch size or the thread
-//! count, so a row's outputs are bit-identical alone or in any batch.
+//! count, so a row's outputs are bit-identical alone or in any batch. Long `k` runs in pieces whose
+//! partial sums are stored in the output and reloaded exactly, which continues the same chain.
+//!
+//! Memory: the packed copy is owned (the file map it came from can then be dropped); packing happens
+//! once, at upload, in parallel.
 
 use super::simd::{Elem, Isa, Portable, Simd};
 use crate::weight::{DType, HostWeight, WeightData};
