@@ -95,6 +95,8 @@ impl<K: Kernels> Engine<K> {
             .unwrap_or(cfg.max_num_seqs.max(1) * max_model_len.div_ceil(cfg.block_size));
         let model = LlamaModel::load(&kernels, model_dir.config.clone(), &model_dir.weights)?;
         let cache = model.new_kv_cache(&kernels, blocks, cfg.block_size);
+        let mut model_dir = model_dir;
+        model_dir.weights.release_maps();
         Ok(Self {
             model_dir: Arc::new(model_dir),
             kernels,

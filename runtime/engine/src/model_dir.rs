@@ -22,7 +22,8 @@ pub struct ModelDir {
     pub path: PathBuf,
     /// `config.json`.
     pub config: ModelConfig,
-    /// The memory-mapped weights.
+    /// The memory-mapped weights (released by [`crate::Engine`] once loaded: see
+    /// [`Weights::release_maps`]).
     pub weights: Weights,
     /// `tokenizer.json`.
     pub tokenizer: Tokenizer,

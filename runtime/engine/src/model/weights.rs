@@ -64,6 +64,8 @@ pub struct Weights {
     dir: PathBuf,
     files: Vec<File>,
     tensors: HashMap<String, Entry>,
+    /// Set by [`Weights::release_maps`].
+    released: bool,
 }
 
 impl Weights {
@@ -116,6 +118,7 @@ impl Weights {
             dir: dir.to_path_buf(),
             files: Vec::new(),
             tensors: HashMap::new(),
+            released: false,
         };
         for path in paths {
             weights.add_file(path)?;
@@ -157,6 +160,7 @@ impl Weights {
             dir,
             files,
             tensors: tensors.into_iter().collect(),
+            released: false,
         }
     }
 
@@ -172,13 +176,28 @@ impl Weights {
         v
     }
 
+    /// Drops this table's hold on the mapped files once the engine holds its weights (packed copies, or
+    /// its own handles on the maps for weights read in place), so each map lives exactly as long as
+    /// some weight reads it: an f16 model whose matrices were all packed unmaps its file, instead of
+    /// keeping the pages it touched while packing. Later [`Weights::get`] calls fail, saying so.
+    pub fn release_maps(&mut self) {
+        self.files.clear();
+        self.tensors.clear();
+        self.released = true;
+    }
+
     /// The tensor `name`, checked to have exactly `shape` (a vector is `[n]`, a matrix `[rows, cols]`).
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<HostWeight> {
         let Some(entry) = self.tensors.get(name) else {
+            let message = if self.released {
+                "the weight files were released after the model was loaded"
+            } else {
+                "missing from every weight file"
+            };
             return Err(EngineError::Weights {
                 path: self.dir.clone(),
                 tensor: name.into(),
-                message: "missing from every weight file".into(),
+                message: message.into(),
             });
         };
         let file = &self.files[entry.file];
@@ -291,8 +310,14 @@ mod tests {
             r#"{"metadata":{},"weight_map":{"x":"model-00001-of-00002.safetensors","y":"model-00002-of-00002.safetensors"}}"#,
         )
         .unwrap();
-        let w = Weights::open(dir.path()).unwrap();
-        assert_eq!(w.get("y", &[1]).unwrap().data().get(0), 8.0);
+        let mut w = Weights::open(dir.path()).unwrap();
+        let y = w.get("y", &[1]).unwrap();
+        assert_eq!(y.data().get(0), 8.0);
+        // Released: the table lets go of the maps; a weight taken before keeps its own.
+        w.release_maps();
+        assert_eq!(y.data().get(0), 8.0);
+        let err = w.get("x", &[1]).unwrap_err().to_string();
+        assert!(err.contains("released after the model was loaded"), "{err}");
     }
 
     #[test]
