@@ -313,9 +313,9 @@ unsafe fn run_generic<S: Simd>(job: &Job<'_>, ps: Part, out: OutPtr) {
     let base = job.w.base();
     unsafe {
         match job.w.dtype {
-            DType::F32 => block::<S, f32>(job, base.cast(), ps, out),
-            DType::BF16 => block::<S, bf16>(job, base.cast(), ps, out),
-            _ => block::<S, f16>(job, base.cast(), ps, out),
+            DType::F32 => block::<Lanes<S, f32>>(job, base.cast(), ps, out),
+            DType::BF16 => block::<Lanes<S, bf16>>(job, base.cast(), ps, out),
+            _ => block::<Lanes<S, f16>>(job, base.cast(), ps, out),
         }
     }
 }
@@ -331,34 +331,77 @@ pub(super) struct At {
     pub(super) ks: (usize, usize),
 }
 
-#[inline(always)]
-unsafe fn block<S: Simd, W: Elem>(job: &Job<'_>, w: *const W, part: Part, out: OutPtr) {
-    for ks in k_pieces(job.k) {
-        let mut r = part.rs.0;
+/// One instruction set's register tiles over panels of `Self::W` elements.
+pub(super) trait Tiles {
+    /// The stored weight element.
+    type W;
+    /// `R` rows against `P` panels (`R × 16P` outputs), each output one fixed-order chain over the
+    /// piece `at.ks` of `k`.
+    ///
+    /// # Safety
+    /// `at` lies within the task's rows and panels; `w` is the panel buffer of `job`.
+    unsafe fn tile<const R: usize, const P: usize>(job: &Job<'_>, w: *const Self::W, at: At, out: OutPtr);
+    /// Most rows of a tile.
+    const MR: usize;
+    /// Rows `at.r..at.r + rows` (`rows ≤ MR`) against panels `at.p..end`: [`row_tiles`] with the tile
+    /// width this instruction set uses for that many rows.
+    ///
+    /// # Safety
+    /// As for [`Tiles::tile`].
+    unsafe fn rows(job: &Job<'_>, w: *const Self::W, at: At, end: usize, out: OutPtr, rows: usize);
+}
+
+/// The 8-lane tiles (AVX2, portable): at most 6 rows × 1 panel (12 accumulators), and wide tiles
+/// (≥ 8 independent accumulators) when few rows remain, as in decode.
+struct Lanes<S, W>(std::marker::PhantomData<(S, W)>);
+
+impl<S: Simd, W: Elem> Tiles for Lanes<S, W> {
+    type W = W;
+    const MR: usize = MR;
+
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const P: usize>(job: &Job<'_>, w: *const W, at: At, out: OutPtr) {
+        unsafe { tile::<S, W, R, P>(job, w, at, out) }
+    }
+
+    #[inline(always)]
+    unsafe fn rows(job: &Job<'_>, w: *const W, at: At, end: usize, out: OutPtr, rows: usize) {
         unsafe {
-            while r < part.rs.1 {
-                let tile_rows = (part.rs.1 - r).min(MR);
-                let at = At { r, p: part.ps.0, ks };
-                // Tiles wide enough for ≥ 8 independent accumulators when few rows remain (decode).
-                match tile_rows {
-                    6 => row_tiles::<S, W, 6, 1>(job, w, at, part.ps.1, out),
-                    5 => row_tiles::<S, W, 5, 1>(job, w, at, part.ps.1, out),
-                    4 => row_tiles::<S, W, 4, 1>(job, w, at, part.ps.1, out),
-                    3 => row_tiles::<S, W, 3, 2>(job, w, at, part.ps.1, out),
-                    2 => row_tiles::<S, W, 2, 3>(job, w, at, part.ps.1, out),
-                    _ => row_tiles::<S, W, 1, 4>(job, w, at, part.ps.1, out),
-                }
-                r += tile_rows;
+            match rows {
+                6 => row_tiles::<Self, 6, 1>(job, w, at, end, out),
+                5 => row_tiles::<Self, 5, 1>(job, w, at, end, out),
+                4 => row_tiles::<Self, 4, 1>(job, w, at, end, out),
+                3 => row_tiles::<Self, 3, 2>(job, w, at, end, out),
+                2 => row_tiles::<Self, 2, 3>(job, w, at, end, out),
+                _ => row_tiles::<Self, 1, 4>(job, w, at, end, out),
             }
         }
     }
 }
 
-/// Rows `at.r..at.r + R` against panels `at.p..end`: tiles `WIDE` panels wide, then narrower ones.
+/// One task's rows and panels with the tiles of `T`, `k` piece by piece.
 #[inline(always)]
-unsafe fn row_tiles<S: Simd, W: Elem, const R: usize, const WIDE: usize>(
+pub(super) unsafe fn block<T: Tiles>(job: &Job<'_>, w: *const T::W, part: Part, out: OutPtr) {
+    for ks in k_pieces(job.k) {
+        let mut r = part.rs.0;
+        while r < part.rs.1 {
+            let rows = (part.rs.1 - r).min(T::MR);
+            // SAFETY: rows `r..r + rows` and the task's panels are the caller's.
+            unsafe { T::rows(job, w, At { r, p: part.ps.0, ks }, part.ps.1, out, rows) };
+            r += rows;
+        }
+    }
+}
+
+/// Rows `at.r..at.r + R` against panels `at.p..end`: tiles `WIDE` panels wide, then 4, 2 and 1 wide for
+/// the rest.
+///
+/// # Safety
+/// As for [`Tiles::tile`].
+#[inline(always)]
+pub(super) unsafe fn row_tiles<T: Tiles, const R: usize, const WIDE: usize>(
     job: &Job<'_>,
-    w: *const W,
+    w: *const T::W,
     at: At,
     end: usize,
     out: OutPtr,
@@ -366,15 +409,19 @@ unsafe fn row_tiles<S: Simd, W: Elem, const R: usize, const WIDE: usize>(
     let mut at = at;
     unsafe {
         while at.p + WIDE <= end {
-            tile::<S, W, R, WIDE>(job, w, at, out);
+            T::tile::<R, WIDE>(job, w, at, out);
             at.p += WIDE;
         }
+        if WIDE > 4 && at.p + 4 <= end {
+            T::tile::<R, 4>(job, w, at, out);
+            at.p += 4;
+        }
         if WIDE > 2 && at.p + 2 <= end {
-            tile::<S, W, R, 2>(job, w, at, out);
+            T::tile::<R, 2>(job, w, at, out);
             at.p += 2;
         }
         while at.p < end {
-            tile::<S, W, R, 1>(job, w, at, out);
+            T::tile::<R, 1>(job, w, at, out);
             at.p += 1;
         }
     }

@@ -7,7 +7,7 @@
 //! for `i = 0..k` in order, from `acc = 0`, then `+ bias`), so the two ISAs agree to the bit and the
 //! result depends on nothing but the element's own inputs.
 
-use super::packed::{At, Job, NR, OutPtr, Part, k_pieces};
+use super::packed::{At, Job, NR, OutPtr, Part, Tiles, block, row_tiles};
 use std::arch::x86_64::*;
 
 /// Most rows per tile.
@@ -54,64 +54,38 @@ pub(super) unsafe fn run(job: &Job<'_>, ps: Part, out: OutPtr) {
     let base = job.w.base();
     unsafe {
         match job.w.dtype() {
-            crate::DType::F32 => block::<f32>(job, base.cast(), ps, out),
-            crate::DType::BF16 => block::<half::bf16>(job, base.cast(), ps, out),
-            _ => block::<half::f16>(job, base.cast(), ps, out),
+            crate::DType::F32 => block::<Zmm<f32>>(job, base.cast(), ps, out),
+            crate::DType::BF16 => block::<Zmm<half::bf16>>(job, base.cast(), ps, out),
+            _ => block::<Zmm<half::f16>>(job, base.cast(), ps, out),
         }
     }
 }
 
-#[inline(always)]
-unsafe fn block<W: Load16>(job: &Job<'_>, w: *const W, part: Part, out: OutPtr) {
-    for ks in k_pieces(job.k) {
-        let mut r = part.rs.0;
+/// The 16-lane tiles: up to 8 rows × 3 panels (24 accumulators), wider when few rows remain.
+struct Zmm<W>(std::marker::PhantomData<W>);
+
+impl<W: Load16> Tiles for Zmm<W> {
+    type W = W;
+    const MR: usize = MR;
+
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const P: usize>(job: &Job<'_>, w: *const W, at: At, out: OutPtr) {
+        unsafe { tile::<W, R, P>(job, w, at, out) }
+    }
+
+    #[inline(always)]
+    unsafe fn rows(job: &Job<'_>, w: *const W, at: At, end: usize, out: OutPtr, rows: usize) {
         unsafe {
-            while r < part.rs.1 {
-                let tile_rows = (part.rs.1 - r).min(MR);
-                let at = At { r, p: part.ps.0, ks };
-                let end = part.ps.1;
-                match tile_rows {
-                    8 => row_tiles::<W, 8, 3>(job, w, at, end, out),
-                    7 => row_tiles::<W, 7, 3>(job, w, at, end, out),
-                    6 => row_tiles::<W, 6, 4>(job, w, at, end, out),
-                    5 => row_tiles::<W, 5, 4>(job, w, at, end, out),
-                    4 => row_tiles::<W, 4, 4>(job, w, at, end, out),
-                    3 => row_tiles::<W, 3, 6>(job, w, at, end, out),
-                    2 => row_tiles::<W, 2, 8>(job, w, at, end, out),
-                    _ => row_tiles::<W, 1, 8>(job, w, at, end, out),
-                }
-                r += tile_rows;
+            match rows {
+                8 => row_tiles::<Self, 8, 3>(job, w, at, end, out),
+                7 => row_tiles::<Self, 7, 3>(job, w, at, end, out),
+                6 => row_tiles::<Self, 6, 4>(job, w, at, end, out),
+                5 => row_tiles::<Self, 5, 4>(job, w, at, end, out),
+                4 => row_tiles::<Self, 4, 4>(job, w, at, end, out),
+                3 => row_tiles::<Self, 3, 6>(job, w, at, end, out),
+                2 => row_tiles::<Self, 2, 8>(job, w, at, end, out),
+                _ => row_tiles::<Self, 1, 8>(job, w, at, end, out),
             }
-        }
-    }
-}
-
-/// Rows `at.r..at.r + R` against panels `at.p..end`: tiles `WIDE` panels wide, then narrower ones.
-#[inline(always)]
-unsafe fn row_tiles<W: Load16, const R: usize, const WIDE: usize>(
-    job: &Job<'_>,
-    w: *const W,
-    at: At,
-    end: usize,
-    out: OutPtr,
-) {
-    let mut at = at;
-    unsafe {
-        while at.p + WIDE <= end {
-            tile::<W, R, WIDE>(job, w, at, out);
-            at.p += WIDE;
-        }
-        if WIDE > 4 && at.p + 4 <= end {
-            tile::<W, R, 4>(job, w, at, out);
-            at.p += 4;
-        }
-        if WIDE > 2 && at.p + 2 <= end {
-            tile::<W, R, 2>(job, w, at, out);
-            at.p += 2;
-        }
-        while at.p < end {
-            tile::<W, R, 1>(job, w, at, out);
-            at.p += 1;
         }
     }
 }

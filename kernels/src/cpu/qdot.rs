@@ -101,9 +101,59 @@ pub(crate) fn dot_tile(kind: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &m
     )
 }
 
+/// Format codes for the const-generic integer tiles (AVX2 here, AVX-512 in `qdot_avx512`).
+pub(super) const Q8_0: u8 = 0;
+/// See [`Q8_0`].
+pub(super) const Q4_0: u8 = 1;
+/// See [`Q8_0`].
+pub(super) const Q4_1: u8 = 2;
+
+/// Bytes per block of the format `code`.
+pub(super) const fn code_block_bytes(code: u8) -> usize {
+    match code {
+        Q8_0 => 34,
+        Q4_0 => 18,
+        _ => 20,
+    }
+}
+
+/// `$tile::<K, R, C>(ws, xs)` for the format of `$kind`, `R = $xs.len()` (1–4) and `C = $ws.len()`
+/// (one of `$c…`, else `$last`), its `R × C` results copied into `$out`: the dispatch both integer
+/// tile families share (`$tile` must be in scope at the call, with the format codes).
+macro_rules! tile_dispatch {
+    ($tile:ident, $kind:expr, $ws:ident, $xs:ident, $out:ident, [$($c:literal),*], $last:literal) => {
+        match $kind {
+            QuantKind::Q8_0 => tile_dispatch!(@cols $tile, Q8_0, $ws, $xs, $out, [$($c),*], $last),
+            QuantKind::Q4_0 => tile_dispatch!(@cols $tile, Q4_0, $ws, $xs, $out, [$($c),*], $last),
+            _ => tile_dispatch!(@cols $tile, Q4_1, $ws, $xs, $out, [$($c),*], $last),
+        }
+    };
+    (@cols $tile:ident, $k:ident, $ws:ident, $xs:ident, $out:ident, [$($c:literal),*], $last:literal) => {
+        match $ws.len() {
+            $($c => tile_dispatch!(@rows $tile, $k, $c, $ws, $xs, $out),)*
+            _ => tile_dispatch!(@rows $tile, $k, $last, $ws, $xs, $out),
+        }
+    };
+    (@rows $tile:ident, $k:ident, $c:literal, $ws:ident, $xs:ident, $out:ident) => {
+        match $xs.len() {
+            1 => tile_dispatch!(@go $tile, $k, 1, $c, $ws, $xs, $out),
+            2 => tile_dispatch!(@go $tile, $k, 2, $c, $ws, $xs, $out),
+            3 => tile_dispatch!(@go $tile, $k, 3, $c, $ws, $xs, $out),
+            _ => tile_dispatch!(@go $tile, $k, 4, $c, $ws, $xs, $out),
+        }
+    };
+    (@go $tile:ident, $k:ident, $r:literal, $c:literal, $ws:ident, $xs:ident, $out:ident) => {{
+        let t = unsafe { $tile::<$k, $r, $c>($ws, $xs) };
+        for r in 0..$r {
+            $out[r][..$c].copy_from_slice(&t[r]);
+        }
+    }};
+}
+pub(super) use tile_dispatch;
+
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
-    use super::Q8Block;
+    use super::{Q4_0, Q4_1, Q8_0, Q8Block, code_block_bytes};
     use crate::quant::QuantKind;
     use std::arch::x86_64::*;
 
@@ -180,54 +230,14 @@ pub(super) mod avx2 {
         }
     }
 
-    const Q8_0: u8 = 0;
-    const Q4_0: u8 = 1;
-    const Q4_1: u8 = 2;
-
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_tile(kind: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &mut [[f32; 2]; 4]) {
-        let k = match kind {
-            QuantKind::Q8_0 => Q8_0,
-            QuantKind::Q4_0 => Q4_0,
-            _ => Q4_1,
-        };
         if ws.len() == 1 && xs.len() == 1 {
             // Decode: the plain loop (the generic tile is slower here); the same operations.
             out[0][0] = unsafe { dot1(kind, ws[0], xs[0]) };
             return;
         }
-        macro_rules! go {
-            ($k:expr, $r:literal, $c:literal) => {{
-                let t = unsafe { tile::<$k, $r, $c>(ws, xs) };
-                for r in 0..$r {
-                    out[r][..$c].copy_from_slice(&t[r]);
-                }
-            }};
-        }
-        macro_rules! rows {
-            ($k:expr, $c:literal) => {
-                match xs.len() {
-                    1 => go!($k, 1, $c),
-                    2 => go!($k, 2, $c),
-                    3 => go!($k, 3, $c),
-                    _ => go!($k, 4, $c),
-                }
-            };
-        }
-        macro_rules! cols {
-            ($k:expr) => {
-                if ws.len() == 2 {
-                    rows!($k, 2)
-                } else {
-                    rows!($k, 1)
-                }
-            };
-        }
-        match k {
-            Q8_0 => cols!(Q8_0),
-            Q4_0 => cols!(Q4_0),
-            _ => cols!(Q4_1),
-        }
+        tile_dispatch!(tile, kind, ws, xs, out, [1], 2)
     }
 
     /// One activation row against one weight row, with exactly [`tile`]'s operations per block.
@@ -275,11 +285,7 @@ pub(super) mod avx2 {
         xs: &[&[Q8Block]],
     ) -> [[f32; C]; R] {
         use crate::cpu::simd::{Avx2, Simd};
-        let bb = match K {
-            Q8_0 => 34,
-            Q4_0 => 18,
-            _ => 20,
-        };
+        let bb = code_block_bytes(K);
         let nb = ws[0].len() / bb;
         unsafe {
             let ones = _mm256_set1_epi16(1);

@@ -15,14 +15,10 @@
 //! `Σ m · s` added block by block. So batch invariance holds; the result differs from the AVX2 path in
 //! summation order only (the integer sums are identical).
 
-use super::qdot::Q8Block;
 use super::qdot::avx2::{f16_at, nibbles};
+use super::qdot::{Q4_0, Q4_1, Q8_0, Q8Block, code_block_bytes, tile_dispatch};
 use crate::quant::QuantKind;
 use std::arch::x86_64::*;
-
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q4_1: u8 = 2;
 
 /// Largest tile.
 pub(crate) const ROWS: usize = 4;
@@ -41,39 +37,7 @@ pub(crate) unsafe fn dot_tile(
     xs: &[&[Q8Block]],
     out: &mut [[f32; COLS]; ROWS],
 ) {
-    macro_rules! go {
-        ($k:expr, $r:literal, $c:literal) => {{
-            let t = unsafe { tile::<$k, $r, $c>(ws, xs) };
-            for r in 0..$r {
-                out[r][..$c].copy_from_slice(&t[r]);
-            }
-        }};
-    }
-    macro_rules! rows {
-        ($k:expr, $c:literal) => {
-            match xs.len() {
-                1 => go!($k, 1, $c),
-                2 => go!($k, 2, $c),
-                3 => go!($k, 3, $c),
-                _ => go!($k, 4, $c),
-            }
-        };
-    }
-    macro_rules! cols {
-        ($k:expr) => {
-            match ws.len() {
-                1 => rows!($k, 1),
-                2 => rows!($k, 2),
-                3 => rows!($k, 3),
-                _ => rows!($k, 4),
-            }
-        };
-    }
-    match kind {
-        QuantKind::Q8_0 => cols!(Q8_0),
-        QuantKind::Q4_0 => cols!(Q4_0),
-        _ => cols!(Q4_1),
-    }
+    tile_dispatch!(tile, kind, ws, xs, out, [1, 2, 3], 4)
 }
 
 /// Weight values of one block as 32 bytes in element order: signed for Q8_0/Q4_0, unsigned for Q4_1.
@@ -114,21 +78,12 @@ unsafe fn hsum16(v: __m512) -> f32 {
     }
 }
 
-/// Bytes per block of each format.
-const fn block_bytes(k: u8) -> usize {
-    match k {
-        Q8_0 => 34,
-        Q4_0 => 18,
-        _ => 20,
-    }
-}
-
 #[inline(always)]
 unsafe fn tile<const K: u8, const R: usize, const C: usize>(
     ws: &[&[u8]],
     xs: &[&[Q8Block]],
 ) -> [[f32; C]; R] {
-    let nb = ws[0].len() / block_bytes(K);
+    let nb = ws[0].len() / code_block_bytes(K);
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         let mut extra = [[0.0f32; C]; R];
@@ -160,7 +115,7 @@ unsafe fn pair<const K: u8, const R: usize, const C: usize, const TWO: bool>(
     acc: &mut [[__m512; C]; R],
     extra: &mut [[f32; C]; R],
 ) {
-    let bb = block_bytes(K);
+    let bb = code_block_bytes(K);
     unsafe {
         let zero = _mm512_setzero_si512();
         let top = _mm512_set1_epi8(-128);
