@@ -40,6 +40,24 @@ impl Task<'_> {
         let len = (self.pos + 1 - start).min(bs - slot0).min(CHUNK);
         (len, self.layout.offset(block, self.kv_head, slot0))
     }
+
+    /// Asks for the values of the chunk at `base` (`len` positions) and the keys of the chunk that
+    /// starts at `next`: the walk jumps from block to block of the paged cache, which the hardware
+    /// prefetchers only pick up a few lines into each block.
+    #[inline(always)]
+    fn prefetch<S: Simd>(&self, next: usize, base: usize, len: usize) {
+        let hd = self.layout.head_dim;
+        let lines = |cache: &[f32], at: usize, n: usize| {
+            for off in (0..n * hd).step_by(16) {
+                S::prefetch(cache.as_ptr().wrapping_add(at + off).cast());
+            }
+        };
+        lines(self.v_cache, base, len);
+        if next <= self.pos {
+            let (n, at) = self.chunk(next);
+            lines(self.k_cache, at, n);
+        }
+    }
 }
 
 /// Runs attention for every new row of every sequence; `q` and `out` are `rows × num_heads × head_dim`.
@@ -171,6 +189,7 @@ unsafe fn heads_fixed<S: Simd, const V: usize, const G: usize, const K: usize>(
         let mut start = 0;
         while start < n_ctx {
             let (len, base) = t.chunk(start);
+            t.prefetch::<S>(start + len, base, len);
             let keys = &t.k_cache[base..base + len * hd];
             let mut i = 0;
             while i < len {
