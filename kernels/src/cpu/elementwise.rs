@@ -141,18 +141,65 @@ pub(crate) fn write_kv(
 /// Softmax of `x` in place (max-subtracted; `-inf` entries become 0). Returns the log of the
 /// normaliser relative to the max, so `log p_i = x_i - max - returned`.
 pub fn softmax_in_place(x: &mut [f32]) -> f32 {
-    let mx = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let mx = max_lanes(x);
     if mx == f32::NEG_INFINITY {
         return f32::NAN;
     }
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = (*v - mx).exp();
-        sum += *v as f64;
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    // SAFETY: the ISA was detected on this CPU.
+    unsafe {
+        match *ISA.get_or_init(Isa::detect) {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512 => exp_in_place_avx2(x, mx),
+            _ => exp_in_place::<Portable>(x, mx),
+        }
     }
+    // Eight independent f64 sums (vectorised), added in a fixed order.
+    let mut lanes = [0.0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += *v as f64;
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| v as f64).sum();
+    let sum = lanes.iter().sum::<f64>() + tail;
     let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
     sum.ln() as f32
+}
+
+/// The largest element of `x`, NaN ignored (`-inf` when there is none), 16 lanes at a time.
+pub fn max_lanes(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = if v > *l { v } else { *l };
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn exp_in_place_avx2(x: &mut [f32], shift: f32) {
+    unsafe { exp_in_place::<super::simd::Avx2>(x, shift) }
+}
+
+/// `x[i] = e^(x[i] - shift)` with the vector exp ([`simd::exp_shifted`]), through a stack buffer.
+#[inline(always)]
+unsafe fn exp_in_place<S: Simd>(x: &mut [f32], shift: f32) {
+    let mut tmp = [0.0f32; 256];
+    for c in x.chunks_mut(256) {
+        let t = &mut tmp[..c.len()];
+        unsafe { simd::exp_shifted::<S>(c, shift, t) };
+        c.copy_from_slice(t);
+    }
 }
 
 #[cfg(test)]
@@ -208,5 +255,32 @@ mod tests {
         let lz = softmax_in_place(&mut x);
         assert_eq!(x, [0.5, 0.0, 0.5]);
         assert!((lz - 2f32.ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_of_a_vocabulary_row_matches_f64() {
+        // Odd length (vector body and tail), a wide range, masked entries and a NaN-free max.
+        let n = 49_157;
+        let mut x: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 2003) as f32 / 2003.0 - 0.5) * 40.0)
+            .collect();
+        x[17] = f32::NEG_INFINITY;
+        x[n - 1] = 25.0;
+        let mx = 25.0f64;
+        let z: f64 = x.iter().map(|&v| (v as f64 - mx).exp()).sum();
+        let mut y = x.clone();
+        let lz = softmax_in_place(&mut y);
+        assert!((lz as f64 - z.ln()).abs() < 1e-5, "{lz} vs {}", z.ln());
+        for (i, (&a, &b)) in x.iter().zip(&y).enumerate() {
+            let want = (a as f64 - mx).exp() / z;
+            assert!(
+                (b as f64 - want).abs() <= 1e-6 * want + 1e-12,
+                "{i}: {b} vs {want}"
+            );
+        }
+        assert_eq!(y[17], 0.0);
+        assert_eq!(max_lanes(&x), 25.0);
+        assert_eq!(max_lanes(&[f32::NAN, -1.0, f32::NAN]), -1.0);
+        assert_eq!(max_lanes(&[]), f32::NEG_INFINITY);
     }
 }

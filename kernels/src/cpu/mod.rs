@@ -17,7 +17,7 @@ pub mod simd;
 #[cfg(test)]
 mod test_data;
 
-pub use elementwise::softmax_in_place;
+pub use elementwise::{max_lanes, softmax_in_place};
 pub use packed::Packed;
 pub use simd::Isa;
 

@@ -8,7 +8,7 @@
 //! does not depend on sort stability; ties in top-k at the k-th value are all kept (as vLLM does).
 
 use super::params::ValidSamplingParams;
-use modelfleet_kernels::cpu::softmax_in_place;
+use modelfleet_kernels::cpu::{max_lanes, softmax_in_place};
 use rand::RngExt;
 
 /// A token with its log-probability.
@@ -23,7 +23,8 @@ pub struct TokenLogprob {
 /// The sampler's result for one step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampleOutput {
-    /// The chosen token and its logprob.
+    /// The chosen token and its logprob (NaN for greedy sampling without `logprobs`, where it is
+    /// not computed).
     pub chosen: TokenLogprob,
     /// The most likely tokens (most likely first, ties by lower id), if logprobs were requested.
     pub top: Vec<TokenLogprob>,
@@ -34,6 +35,16 @@ pub fn sample(logits: &mut [f32], p: &ValidSamplingParams, rng: &mut impl rand::
     let u: f64 = rng.random();
     if p.temperature == 0.0 {
         let token = argmax(logits);
+        if p.logprobs.is_none() {
+            // Nobody reads the logprob, so no pass over the vocabulary to normalise it.
+            return SampleOutput {
+                chosen: TokenLogprob {
+                    token,
+                    logprob: f32::NAN,
+                },
+                top: Vec::new(),
+            };
+        }
         // Greedy's distribution is the processed logits' softmax.
         softmax_in_place(logits);
         return output(logits, token, p.logprobs);
@@ -74,15 +85,10 @@ pub fn sample(logits: &mut [f32], p: &ValidSamplingParams, rng: &mut impl rand::
     output(logits, token.unwrap_or(last_nonzero) as u32, p.logprobs)
 }
 
-/// Index of the largest logit; the lowest index wins ties; NaN never wins.
+/// Index of the largest logit; the lowest index wins ties; NaN never wins (0 when all are NaN).
 fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] || x[best].is_nan() {
-            best = i;
-        }
-    }
-    best as u32
+    let mx = max_lanes(x);
+    x.iter().position(|&v| v == mx).unwrap_or(0) as u32
 }
 
 fn kth_largest(x: &[f32], k: usize) -> f32 {
