@@ -154,6 +154,17 @@ impl<K: Kernels> Engine<K> {
             .forward_lora(&self.kernels, batch, &weights, &mut self.cache)
     }
 
+    /// Hands a step's logits back once read, so the next step reuses their memory
+    /// ([`LlamaModel::recycle`]).
+    pub fn recycle(&self, logits: Logits) {
+        self.model.recycle(logits);
+    }
+
+    /// Frees the buffers kept from step to step ([`LlamaModel::release_scratch`]).
+    pub fn release_scratch(&self) {
+        self.model.release_scratch();
+    }
+
     /// Adapters currently uploaded to the backend.
     pub fn resident_loras(&self) -> usize {
         self.loras.len()

@@ -17,11 +17,13 @@
 use super::batch::{Logits, LogitsRows, SeqInput};
 use super::config::ModelConfig;
 use super::lora::{LoraPlan, LoraWeights};
+use super::scratch::Scratch;
 use super::weights::Weights;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::lora::Target;
 use modelfleet_kernels::{AttnHeads, AttnSeq, Kernels, KvLayout, Rope};
+use std::sync::Mutex;
 
 /// Per-pair RoPE frequency divisors (GGUF, llama3 scaling).
 const ROPE_FREQS: &str = "rope_freqs.weight";
@@ -51,6 +53,8 @@ pub struct LlamaModel<K: Kernels> {
     /// `None` when tied to `embed`.
     lm_head: Option<K::Weight>,
     inv_freq: Vec<f32>,
+    /// Activation buffers reused from step to step.
+    scratch: Mutex<Scratch<K>>,
 }
 
 impl<K: Kernels> LlamaModel<K> {
@@ -105,6 +109,7 @@ impl<K: Kernels> LlamaModel<K> {
             layers,
             inv_freq,
             config,
+            scratch: Mutex::new(Scratch::default()),
         })
     }
 
@@ -141,6 +146,18 @@ impl<K: Kernels> LlamaModel<K> {
     ) -> Result<Logits> {
         let plan = self.plan(batch, adapters.len(), &cache.layout)?;
         Ok(kernels.scope(|| self.run(kernels, batch, &plan, adapters, cache)))
+    }
+
+    /// Takes back the logits of a step once they have been read, so the next step reuses their memory
+    /// (optional: dropping them is correct too).
+    pub fn recycle(&self, logits: Logits) {
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        scratch.recycle_host(logits.data);
+    }
+
+    /// Frees the activation buffers kept between steps (the next step allocates them again).
+    pub fn release_scratch(&self) {
+        *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = Scratch::default();
     }
 
     /// Flattens and validates the batch (vLLM's `input_ids`, `positions`, `slot_mapping`).
@@ -225,17 +242,21 @@ impl<K: Kernels> LlamaModel<K> {
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
         };
-        let mut x = k.alloc(rows * h);
-        let mut xn = k.alloc(rows * h);
-        let mut q = k.alloc(rows * q_w);
-        let mut kk = k.alloc(rows * kv_w);
-        let mut vv = k.alloc(rows * kv_w);
-        let mut attn = k.alloc(rows * q_w);
-        let mut proj = k.alloc(rows * h);
-        let mut gate = k.alloc(rows * c.intermediate_size);
-        let mut up = k.alloc(rows * c.intermediate_size);
-        let mut act = k.alloc(rows * c.intermediate_size);
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let inter = c.intermediate_size;
+        let need = [h, h, q_w, kv_w, kv_w, q_w, h, inter, inter, inter].map(|w| rows * w);
+        let [
+            mut x,
+            mut xn,
+            mut q,
+            mut kk,
+            mut vv,
+            mut attn,
+            mut proj,
+            mut gate,
+            mut up,
+            mut act,
+        ] = std::array::from_fn(|i| scratch.take(k, i, need[i]));
         let mut lora = LoraPlan::new(k, adapters, &plan.row_adapter, h.max(q_w).max(inter));
         // Adds the LoRA deltas of `target` (input `x`, `in_w` wide) to `out` (`out_w` wide).
         let mut delta = |l: usize, t: Target, x: &K::Buf, in_w: usize, out: &mut K::Buf, out_w: usize| {
@@ -289,13 +310,13 @@ impl<K: Kernels> LlamaModel<K> {
         }
         let n_out = plan.logit_rows.len();
         let vocab = c.vocab_size;
-        let mut data = vec![0.0f32; n_out * vocab];
+        let mut data = scratch.host(n_out * vocab);
         if n_out > 0 {
-            let mut sel = k.alloc(n_out * h);
+            let mut sel = scratch.take(k, 10, n_out * h);
             k.gather_rows(&x, h, &plan.logit_rows, &mut sel);
-            let mut seln = k.alloc(n_out * h);
+            let mut seln = scratch.take(k, 11, n_out * h);
             k.rms_norm(&sel, n_out, &self.norm, c.rms_norm_eps, &mut seln);
-            let mut logits = k.alloc(n_out * vocab);
+            let mut logits = scratch.take(k, 12, n_out * vocab);
             k.matmul(
                 &seln,
                 n_out,
@@ -304,6 +325,15 @@ impl<K: Kernels> LlamaModel<K> {
                 &mut logits,
             );
             k.read(&logits, &mut data);
+            for (i, b) in [sel, seln, logits].into_iter().enumerate() {
+                scratch.put(10 + i, b);
+            }
+        }
+        for (i, b) in [x, xn, q, kk, vv, attn, proj, gate, up, act]
+            .into_iter()
+            .enumerate()
+        {
+            scratch.put(i, b);
         }
         Logits {
             vocab_size: vocab,

@@ -6,6 +6,7 @@ pub mod gguf;
 pub(crate) mod gguf_model;
 mod llama;
 pub mod lora;
+mod scratch;
 mod weights;
 
 pub use batch::{Logits, LogitsRows, SeqInput};

@@ -294,10 +294,15 @@ fn run<K: Kernels>(
     );
     sched.set_finish_hook(hook);
     let mut local = Stats::default();
+    let mut idle = false;
     loop {
         // Wait for work when there is none; otherwise take whatever arrived, without blocking.
         let mut first = None;
         if !sched.has_work() {
+            if !idle {
+                idle = true;
+                release_memory(&engine);
+            }
             let wait = sched
                 .next_deadline()
                 .map_or(IDLE_WAIT, |d| d.saturating_duration_since(Instant::now()))
@@ -332,6 +337,7 @@ fn run<K: Kernels>(
         }
         let t0 = Instant::now();
         let batch = sched.schedule(t0, tok);
+        idle &= batch.is_empty();
         if batch.is_empty() {
             publish(&sched, &mut local, &stats);
             if sched.has_work() {
@@ -346,7 +352,10 @@ fn run<K: Kernels>(
         let result = engine.step_lora(&inputs, &adapters);
         drop(inputs);
         match result {
-            Ok(logits) => sched.update(&batch, &logits, tok),
+            Ok(logits) => {
+                sched.update(&batch, &logits, tok);
+                engine.recycle(logits);
+            }
             Err(e) => sched.fail(&batch, &format!("model step failed: {e}"), tok),
         }
         let t2 = Instant::now();
@@ -355,6 +364,19 @@ fn run<K: Kernels>(
         local.schedule_seconds += (t1 - t0).as_secs_f64();
         local.model_seconds += (t2 - t1).as_secs_f64();
         publish(&sched, &mut local, &stats);
+    }
+}
+
+/// On running out of work: the step buffers go back to the allocator (they are reused from step to
+/// step only while there is work), and glibc is asked to hand its free pages back to the kernel, so
+/// memory at rest is what it was before the load (a burst of connections, each with its buffers on
+/// the server's threads, otherwise left its peak resident).
+fn release_memory<K: Kernels>(engine: &Engine<K>) {
+    engine.release_scratch();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only returns free memory to the kernel; it is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
