@@ -11,9 +11,9 @@
 //! Kwon et al. 2023): scores for a chunk, rescale the running sum and accumulator by `exp(m_old -
 //! m_new)`, accumulate `exp(s - m_new) · v`.
 
+use super::pool;
 use super::simd::{self, Isa, Portable, Simd};
 use crate::layout::{AttnHeads, AttnSeq, KvLayout};
-use rayon::prelude::*;
 
 /// Positions scored at a time (one online-softmax update).
 const CHUNK: usize = 32;
@@ -91,31 +91,28 @@ pub(crate) fn paged_attention(
     // reads each cached key and value once for all of them (the per-head arithmetic is unchanged).
     let grouped = isa == Isa::Avx512 && group > 1 && hd == 64;
     let per_task = if grouped { group } else { 1 };
-    out[..rows * width]
-        .par_chunks_mut(per_task * hd)
-        .enumerate()
-        .for_each(|(idx, acc)| {
-            let tasks_per_row = heads.num_heads / per_task;
-            let (row, head) = (idx / tasks_per_row, idx % tasks_per_row * per_task);
-            let (seq, pos) = row_seq[row];
-            if seq == usize::MAX {
-                acc.fill(0.0);
-                return;
-            }
-            let first = row * width + head * hd;
-            let task = Task {
-                q: &q[first..first + per_task * hd],
-                block_table: seqs[seq].block_table,
-                pos,
-                kv_head: head / group,
-                layout,
-                k_cache,
-                v_cache,
-                scale: heads.scale,
-            };
-            // SAFETY: the ISA was detected on this CPU; slices are bounds-checked inside.
-            unsafe { run(isa, grouped, &task, acc) }
-        });
+    pool::for_each_chunk(&mut out[..rows * width], per_task * hd, 1, |idx, acc| {
+        let tasks_per_row = heads.num_heads / per_task;
+        let (row, head) = (idx / tasks_per_row, idx % tasks_per_row * per_task);
+        let (seq, pos) = row_seq[row];
+        if seq == usize::MAX {
+            acc.fill(0.0);
+            return;
+        }
+        let first = row * width + head * hd;
+        let task = Task {
+            q: &q[first..first + per_task * hd],
+            block_table: seqs[seq].block_table,
+            pos,
+            kv_head: head / group,
+            layout,
+            k_cache,
+            v_cache,
+            scale: heads.scale,
+        };
+        // SAFETY: the ISA was detected on this CPU; slices are bounds-checked inside.
+        unsafe { run(isa, grouped, &task, acc) }
+    });
 }
 
 /// One task: one query head, or (`grouped`, AVX-512 only) every query head of one KV head.

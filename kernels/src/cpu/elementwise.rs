@@ -6,10 +6,10 @@
 //! Formulas follow Hugging Face `transformers`' Llama: RMSNorm `x / sqrt(mean(x²) + eps) · w` in f32,
 //! RoPE in the rotate-half layout (pairs `(i, i + d/2)`) with angle `pos · inv_freq[i]` in f32.
 
+use super::pool;
 use super::simd::{self, Isa, Portable, Simd};
 use crate::layout::{KvLayout, Rope};
 use crate::weight::WeightData;
-use rayon::prelude::*;
 
 /// Rows per rayon task for row-wise kernels; below this a single thread is faster.
 const MIN_ROWS_PER_TASK: usize = 8;
@@ -26,18 +26,14 @@ pub(crate) fn rms_norm(x: &[f32], w: WeightData<'_>, eps: f32, out: &mut [f32], 
     let dim = w.len();
     let mut wf = vec![0.0f32; dim];
     w.copy_to_f32(0, &mut wf);
-    out[..rows * dim]
-        .par_chunks_mut(dim)
-        .with_min_len(MIN_ROWS_PER_TASK)
-        .enumerate()
-        .for_each(|(r, o)| {
-            let xr = &x[r * dim..(r + 1) * dim];
-            let ss = xr.iter().fold(0.0f32, |a, v| a + v * v);
-            let inv = 1.0 / (ss / dim as f32 + eps).sqrt();
-            for ((o, v), g) in o.iter_mut().zip(xr).zip(&wf) {
-                *o = g * (v * inv);
-            }
-        });
+    pool::for_each_chunk(&mut out[..rows * dim], dim, MIN_ROWS_PER_TASK, |r, o| {
+        let xr = &x[r * dim..(r + 1) * dim];
+        let ss = xr.iter().fold(0.0f32, |a, v| a + v * v);
+        let inv = 1.0 / (ss / dim as f32 + eps).sqrt();
+        for ((o, v), g) in o.iter_mut().zip(xr).zip(&wf) {
+            *o = g * (v * inv);
+        }
+    });
 }
 
 /// Rotary embedding in place, rotate-half or interleaved pairs.
@@ -57,11 +53,11 @@ pub(crate) fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: 
     };
     assert_eq!(inv_freq.len(), half, "inv_freq length");
     let width = num_heads * head_dim;
-    x[..positions.len() * width]
-        .par_chunks_mut(width)
-        .with_min_len(MIN_ROWS_PER_TASK)
-        .enumerate()
-        .for_each(|(r, row)| {
+    pool::for_each_chunk(
+        &mut x[..positions.len() * width],
+        width,
+        MIN_ROWS_PER_TASK,
+        |r, row| {
             let pos = positions[r] as f32;
             let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
                 .iter()
@@ -78,12 +74,13 @@ pub(crate) fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: 
                     h[b] = x1 * cos[i] + x0 * sin[i];
                 }
             }
-        });
+        },
+    );
 }
 
 /// `out = silu(gate) · up`.
 pub(crate) fn silu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    out.par_chunks_mut(4096).enumerate().for_each(|(c, o)| {
+    pool::for_each_chunk(out, 4096, 1, |c, o| {
         let base = c * 4096;
         let (g, u) = (&gate[base..base + o.len()], &up[base..base + o.len()]);
         // SAFETY: the ISA was detected on this CPU; the slices have equal lengths.

@@ -16,11 +16,11 @@
 //! rows so prefill reuses each loaded weight row 4 times; column blocks sized so one block of weights
 //! stays in L2 while all row tiles stream past it, the first pass prefetching the next tile's rows.
 
+use super::pool;
 use super::qdot::{Q8Block, dot_tile, quantize_rows};
 use super::simd::{Elem, Isa, Portable, Simd};
 use crate::quant::QuantKind;
 use crate::weight::WeightData;
-use rayon::prelude::*;
 
 /// Raw output pointer shared by the column-block tasks; each task writes a disjoint set of columns.
 #[derive(Clone, Copy)]
@@ -75,12 +75,12 @@ pub(crate) fn matmul(
     {
         return matmul_q8(isa, q, bytes, x, bias, shape, out);
     }
-    let threads = rayon::current_num_threads().max(1);
+    let threads = pool::threads();
     let by_cache = (256 * 1024 / row_bytes.max(1)).clamp(4, 256);
     let by_threads = n.div_ceil(4 * threads).max(4);
     let block = by_cache.min(by_threads).div_ceil(4) * 4;
     let out_ptr = OutPtr(out.as_mut_ptr());
-    (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
+    pool::for_each(n.div_ceil(block), |b| {
         let cols = (b * block, ((b + 1) * block).min(n));
         let job = Job {
             x,
@@ -111,14 +111,14 @@ fn matmul_q8(
     let row_bytes = k / q.block_elems() * q.block_bytes();
     let xq = quantize_rows(x, rows, k);
     let nb = k / 32;
-    let threads = rayon::current_num_threads().max(1);
+    let threads = pool::threads();
     let by_cache = (256 * 1024 / row_bytes.max(1)).clamp(4, 256);
     let block = by_cache.min(n.div_ceil(4 * threads).max(4));
     let out_ptr = OutPtr(out.as_mut_ptr());
     let wide = isa == Isa::Avx512;
     // Tiles of up to 4 rows × 2 weight rows; a single row takes 1 × 2 with AVX-512, 1 × 1 with AVX2
     // (measured best with `examples/mm_bench`).
-    (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
+    pool::for_each(n.div_ceil(block), |b| {
         let (c0, c1) = (b * block, ((b + 1) * block).min(n));
         let mut dots = [[0.0f32; 4]; 4];
         let wrow = |c: usize| &w[c * row_bytes..(c + 1) * row_bytes];
@@ -498,12 +498,9 @@ mod tests {
             }
             for rows in [2, 4, 5, 11] {
                 for threads in [1, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
+                    let pool = pool::Pool::new(threads);
                     let mut out = vec![0.0; rows * n];
-                    pool.install(|| matmul(isa, &xs, w.data(), None, MatmulShape { rows, k, n }, &mut out));
+                    pool.scope(|| matmul(isa, &xs, w.data(), None, MatmulShape { rows, k, n }, &mut out));
                     for r in 0..rows {
                         let got: Vec<u32> = out[r * n..(r + 1) * n].iter().map(|v| v.to_bits()).collect();
                         let want: Vec<u32> = alone[r].iter().map(|v| v.to_bits()).collect();

@@ -10,6 +10,7 @@ mod matmul;
 mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx512;
+mod pool;
 mod qdot;
 #[cfg(target_arch = "x86_64")]
 mod qdot_avx512;
@@ -52,7 +53,7 @@ pub struct CpuKernels {
     /// Instruction set used by every kernel.
     isa: Isa,
     /// Compute threads; kernels split work over them inside [`Kernels::scope`].
-    pool: rayon::ThreadPool,
+    pool: pool::Pool,
 }
 
 impl CpuKernels {
@@ -63,17 +64,10 @@ impl CpuKernels {
 
     /// Kernels forced to `isa` (tests compare the portable and SIMD paths).
     pub fn with_isa(threads: usize, isa: Isa) -> Self {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("mf-compute-{i}"))
-            .build()
-            .unwrap_or_else(|_| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(1)
-                    .build()
-                    .expect("a 1-thread pool")
-            });
-        Self { isa, pool }
+        Self {
+            isa,
+            pool: pool::Pool::new(threads),
+        }
     }
 
     /// The instruction set in use.
@@ -87,15 +81,15 @@ impl Kernels for CpuKernels {
     type Weight = CpuWeight;
 
     fn describe(&self) -> String {
-        format!("cpu {:?} x{} threads", self.isa, self.pool.current_num_threads())
+        format!("cpu {:?} x{} threads", self.isa, self.pool.threads())
     }
 
     fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+        self.pool.scope(f)
     }
 
     fn upload(&self, w: &HostWeight) -> CpuWeight {
-        match self.pool.install(|| Packed::pack(w)) {
+        match self.pool.scope(|| Packed::pack(w)) {
             Some(p) => CpuWeight::Packed(p),
             // Vectors (norms, biases) are copied, so a model whose matrices were all packed does not keep
             // its memory-mapped file alive; quantized matrices stay zero-copy on the map.

@@ -16,10 +16,10 @@
 //! Memory: the packed copy is owned (the file map it came from can then be dropped); packing happens
 //! once, at upload, in parallel.
 
+use super::pool;
 use super::simd::{Elem, Isa, Portable, Simd};
 use crate::weight::{DType, HostWeight, WeightData};
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 /// Output rows per panel (two 8-lane vectors).
 pub(crate) const NR: usize = 16;
@@ -151,7 +151,7 @@ impl Packed {
 
 /// Row-major `rows × cols` elements into panels (see the module header).
 fn scatter<T: bytemuck::Pod + Send + Sync>(src: &[T], dst: &mut [T], rows: usize, cols: usize) {
-    dst.par_chunks_mut(cols * NR).enumerate().for_each(|(p, panel)| {
+    pool::for_each_chunk(dst, cols * NR, 1, |p, panel| {
         for j in 0..NR.min(rows - p * NR) {
             let row = &src[(p * NR + j) * cols..(p * NR + j + 1) * cols];
             for (i, e) in row.iter().enumerate() {
@@ -196,7 +196,7 @@ pub(crate) fn matmul(
     }
     let panels = n.div_ceil(NR);
     let panel_bytes = k * NR * elem_bytes(w.dtype);
-    let threads = rayon::current_num_threads().max(1);
+    let threads = pool::threads();
     // Tasks: blocks of panels (few enough weights to stay in L2 while the row tiles stream past them)
     // times chunks of rows, enough of them to balance the threads. Few rows (decode) split the panels
     // evenly over the threads.
@@ -216,15 +216,13 @@ pub(crate) fn matmul(
     let out_ptr = OutPtr(out.as_mut_ptr());
     let job = Job { x, k, n, bias, w };
     let blocks = panels.div_ceil(block);
-    (0..blocks * rows.div_ceil(row_chunk))
-        .into_par_iter()
-        .for_each(|t| {
-            let (b, c) = (t % blocks, t / blocks);
-            let ps = (b * block, ((b + 1) * block).min(panels));
-            let rs = (c * row_chunk, ((c + 1) * row_chunk).min(rows));
-            // SAFETY: shapes checked above; the outputs of rows `rs` × panels `ps` belong to this task.
-            unsafe { run(isa, &job, Part { rs, ps }, out_ptr) }
-        });
+    pool::for_each(blocks * rows.div_ceil(row_chunk), |t| {
+        let (b, c) = (t % blocks, t / blocks);
+        let ps = (b * block, ((b + 1) * block).min(panels));
+        let rs = (c * row_chunk, ((c + 1) * row_chunk).min(rows));
+        // SAFETY: shapes checked above; the outputs of rows `rs` × panels `ps` belong to this task.
+        unsafe { run(isa, &job, Part { rs, ps }, out_ptr) }
+    });
 }
 
 /// The share of one task: rows `rs.0..rs.1` against panels `ps.0..ps.1`.
@@ -559,11 +557,8 @@ mod tests {
                     .collect();
                 for rows in [2, 3, 4, 5, 6, 7, 8, 9, 14, 19] {
                     for threads in [1, 3] {
-                        let pool = rayon::ThreadPoolBuilder::new()
-                            .num_threads(threads)
-                            .build()
-                            .unwrap();
-                        let out = pool.install(|| run(isa, &xs, rows, &w, None));
+                        let pool = pool::Pool::new(threads);
+                        let out = pool.scope(|| run(isa, &xs, rows, &w, None));
                         for (r, a) in alone.iter().enumerate().take(rows) {
                             let got: Vec<u32> = out[r * n..(r + 1) * n].iter().map(|v| v.to_bits()).collect();
                             let want: Vec<u32> = a.iter().map(|v| v.to_bits()).collect();
