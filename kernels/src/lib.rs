@@ -9,7 +9,7 @@
 //! - [`cpu`]: the CPU backend — float matrices repacked at upload into 16-row panels for an
 //!   outer-product (BLIS-style) matmul with AVX2 and AVX-512 tiles, integer dot products for
 //!   Q8_0/Q4_0/Q4_1, paged attention with an online softmax, RMSNorm, RoPE, SwiGLU, all
-//!   multi-threaded with rayon.
+//!   multi-threaded on the backend's own fork-join pool (`cpu::pool`).
 //!
 //! Architecture invariants:
 //! - Activations are f32; weights stay in their stored dtype (float matrices may be reordered into

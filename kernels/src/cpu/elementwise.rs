@@ -2,7 +2,7 @@
 //! KV-cache writes, row gathers and a numerically stable softmax.
 //!
 //! Invariants: every row is computed independently with a sequential, fixed-order reduction, so results
-//! do not depend on the batch; rows are spread over threads with rayon only when the work is large.
+//! do not depend on the batch; rows are spread over the compute threads only when the work is large.
 //! Formulas follow Hugging Face `transformers`' Llama: RMSNorm `x / sqrt(mean(x²) + eps) · w` in f32,
 //! RoPE in the rotate-half layout (pairs `(i, i + d/2)`) with angle `pos · inv_freq[i]` in f32.
 
@@ -11,7 +11,7 @@ use super::simd::{self, Isa, Portable, Simd};
 use crate::layout::{KvLayout, Rope};
 use crate::weight::WeightData;
 
-/// Rows per rayon task for row-wise kernels; below this a single thread is faster.
+/// Rows per task for row-wise kernels; below this a single thread is faster.
 const MIN_ROWS_PER_TASK: usize = 8;
 
 /// `out[r] = table[ids[r]]`.

@@ -1,5 +1,6 @@
 //! The CPU backend: [`CpuKernels`] implements [`crate::Kernels`] on `Vec<f32>` buffers with its own
-//! rayon thread pool (`--threads`: several pods may share a node, so the pool is never the global one).
+//! thread pool (`pool.rs`, `--threads` threads, the caller included: several pods may share a node, so
+//! the pool is never a global one).
 //!
 //! Invariants: the instruction set is chosen once at construction and never per call, so results are
 //! reproducible within a process; all kernels are batch-invariant (see [`simd`]).
