@@ -2,8 +2,10 @@
 //! batch as attention sees it.
 //!
 //! Invariants: a KV cache of one layer is `num_blocks × num_kv_heads × block_size × head_dim` f32,
-//! indexed block-major so one head's keys of one block are contiguous (vLLM's paged layout, with heads
-//! outside slots). A token at position `p` of a sequence lives in block `block_table[p / block_size]`,
+//! indexed block-major so one head's entries of one block are contiguous (vLLM's paged layout, with
+//! heads outside slots). Values are stored slot by slot (`[block][head][slot][dim]`, [`KvLayout::offset`]);
+//! keys are transposed within the block (`[block][head][dim][slot]`, [`KvLayout::key_offset`]), so one
+//! dimension of consecutive keys is contiguous and attention scores a register's width of keys at once. A token at position `p` of a sequence lives in block `block_table[p / block_size]`,
 //! slot `p % block_size`; its "slot id" is `block * block_size + slot` (vLLM's `slot_mapping`).
 
 /// The shape of one layer's paged K (or V) cache.
@@ -30,7 +32,14 @@ impl KvLayout {
         self.len() == 0
     }
 
-    /// Element offset of `(block, head, slot)`.
+    /// Element offset of dimension 0 of the key in `(block, head, slot)`; dimension `d` is
+    /// `block_size · d` further on.
+    #[inline]
+    pub fn key_offset(&self, block: usize, head: usize, slot: usize) -> usize {
+        (block * self.num_kv_heads + head) * self.block_size * self.head_dim + slot
+    }
+
+    /// Element offset of the value in `(block, head, slot)` (its `head_dim` elements are contiguous).
     #[inline]
     pub fn offset(&self, block: usize, head: usize, slot: usize) -> usize {
         ((block * self.num_kv_heads + head) * self.block_size + slot) * self.head_dim

@@ -1,15 +1,24 @@
-//! Paged causal attention on the CPU: each (row, query head) walks its sequence's blocks in position
-//! order with an online (running-max) softmax, never materialising the attention matrix.
+//! Paged causal attention on the CPU: each (row, KV head) task walks its sequence's blocks in position
+//! order with an online (running-max) softmax for every query head of that KV head, never
+//! materialising the attention matrix.
 //!
 //! Invariants: the query at position `p` attends to positions `0..=p` of its own sequence only; the
 //! walk is in position order in chunks of at most [`CHUNK`] positions that never straddle a block, so
 //! the arithmetic for one (row, head) depends only on that row's query and the cached K/V — not on the
 //! batch, the other rows of a prefill chunk, or thread scheduling. A token's output is therefore the same
-//! whether it was computed in a prefill chunk or as a decode step.
+//! whether it was computed in a prefill chunk or as a decode step. Every quantity is a per-element chain
+//! in a fixed order, so 8-lane (AVX2), 16-lane (AVX-512) and scalar code give the same bits:
+//! - a score is `s = fma(q[d], k[d], s)` for `d = 0..head_dim` in order from 0, then `s · scale`; the
+//!   keys are stored transposed within a block ([`KvLayout::key_offset`]), so a vector register holds one
+//!   dimension of consecutive keys and scores W keys at once, with no horizontal sums;
+//! - per chunk: `m' = max(m, scores)`, `l = l · e^(m − m') + Σ p` (the `p = e^(s − m')` added in order),
+//!   `acc = acc · e^(m − m')`, then `acc[d] = fma(p_i, v_i[d], acc[d])` for the chunk's keys in order;
+//! - finally `out = acc · (1 / l)`.
 //!
 //! Design: the CPU analogue of FlashAttention's / vLLM PagedAttention's inner loop (Dao et al. 2022;
-//! Kwon et al. 2023): scores for a chunk, rescale the running sum and accumulator by `exp(m_old -
-//! m_new)`, accumulate `exp(s - m_new) · v`.
+//! Kwon et al. 2023; vLLM also keeps keys and values in different layouts). The query heads that share
+//! a KV head run together, so each cached key and value is loaded once for all of them, and two chunks'
+//! scores are computed together for more independent chains.
 
 use super::pool;
 use super::simd::{self, Isa, Portable, Simd};
@@ -18,8 +27,12 @@ use crate::layout::{AttnHeads, AttnSeq, KvLayout};
 /// Positions scored at a time (one online-softmax update).
 const CHUNK: usize = 32;
 
-/// What one (row, head) task needs.
+/// Most query heads one pass handles (larger groups run in pieces).
+const MAX_G: usize = 4;
+
+/// What one (row, KV head) task needs.
 struct Task<'a> {
+    /// The query heads of this KV head, one after another.
     q: &'a [f32],
     block_table: &'a [u32],
     pos: usize,
@@ -30,32 +43,46 @@ struct Task<'a> {
     scale: f32,
 }
 
+/// A piece of the walk: `len` positions from slot `slot0` of one block, with the cache offsets of its
+/// first key (transposed layout) and first value.
+#[derive(Clone, Copy)]
+struct Chunk {
+    len: usize,
+    slot0: usize,
+    k: usize,
+    v: usize,
+}
+
 impl Task<'_> {
-    /// The chunk of the walk that starts at position `start`: its length (≤ [`CHUNK`], within one
-    /// block, not past this row's position) and the cache offset of its first key or value.
-    fn chunk(&self, start: usize) -> (usize, usize) {
+    /// The chunk of the walk that starts at position `start`: at most [`CHUNK`] positions, within one
+    /// block, not past this row's position.
+    fn chunk(&self, start: usize) -> Chunk {
         let bs = self.layout.block_size;
         let block = self.block_table[start / bs] as usize;
         let slot0 = start % bs;
-        let len = (self.pos + 1 - start).min(bs - slot0).min(CHUNK);
-        (len, self.layout.offset(block, self.kv_head, slot0))
+        Chunk {
+            len: (self.pos + 1 - start).min(bs - slot0).min(CHUNK),
+            slot0,
+            k: self.layout.key_offset(block, self.kv_head, slot0),
+            v: self.layout.offset(block, self.kv_head, slot0),
+        }
     }
 
-    /// Asks for the values of the chunk at `base` (`len` positions) and the keys of the chunk that
-    /// starts at `next`: the walk jumps from block to block of the paged cache, which the hardware
-    /// prefetchers only pick up a few lines into each block.
+    /// Asks for the keys of `c` (one line per dimension and 16 positions) and, with `values`, its
+    /// values: the walk jumps from block to block of the paged cache, which the hardware prefetchers
+    /// only pick up a few lines into each block.
     #[inline(always)]
-    fn prefetch<S: Simd>(&self, next: usize, base: usize, len: usize) {
-        let hd = self.layout.head_dim;
-        let lines = |cache: &[f32], at: usize, n: usize| {
-            for off in (0..n * hd).step_by(16) {
-                S::prefetch(cache.as_ptr().wrapping_add(at + off).cast());
+    fn prefetch<S: Simd>(&self, c: Chunk, values: bool) {
+        let (hd, bs) = (self.layout.head_dim, self.layout.block_size);
+        for d in 0..hd {
+            for off in (0..c.len).step_by(16) {
+                S::prefetch(self.k_cache.as_ptr().wrapping_add(c.k + d * bs + off).cast());
             }
-        };
-        lines(self.v_cache, base, len);
-        if next <= self.pos {
-            let (n, at) = self.chunk(next);
-            lines(self.k_cache, at, n);
+        }
+        if values {
+            for off in (0..c.len * hd).step_by(16) {
+                S::prefetch(self.v_cache.as_ptr().wrapping_add(c.v + off).cast());
+            }
         }
     }
 }
@@ -73,6 +100,10 @@ pub(crate) fn paged_attention(
     let hd = heads.head_dim;
     assert_eq!(hd, layout.head_dim, "head_dim of the cache");
     assert_eq!(heads.num_kv_heads, layout.num_kv_heads, "kv heads of the cache");
+    assert!(
+        k_cache.len() >= layout.len() && v_cache.len() >= layout.len(),
+        "cache shorter than its layout"
+    );
     let group = heads.num_heads / heads.num_kv_heads;
     // Row -> (sequence, position).
     let rows: usize = seqs.iter().map(|s| s.row_start + s.num_rows).max().unwrap_or(0);
@@ -82,211 +113,379 @@ pub(crate) fn paged_attention(
             s.block_table.len() * layout.block_size >= s.first_pos + s.num_rows,
             "block table too short"
         );
+        assert!(
+            s.block_table.iter().all(|&b| (b as usize) < layout.num_blocks),
+            "block outside the cache"
+        );
         for j in 0..s.num_rows {
             row_seq[s.row_start + j] = (i, s.first_pos + j);
         }
     }
     let width = heads.num_heads * hd;
-    // With 32 vector registers (AVX-512), the query heads that share a KV head run as one task that
-    // reads each cached key and value once for all of them (the per-head arithmetic is unchanged).
-    let grouped = isa == Isa::Avx512 && group > 1 && hd == 64;
-    let per_task = if grouped { group } else { 1 };
-    pool::for_each_chunk(&mut out[..rows * width], per_task * hd, 1, |idx, acc| {
-        let tasks_per_row = heads.num_heads / per_task;
-        let (row, head) = (idx / tasks_per_row, idx % tasks_per_row * per_task);
+    pool::for_each_chunk(&mut out[..rows * width], group * hd, 1, |idx, acc| {
+        let (row, kv_head) = (idx / heads.num_kv_heads, idx % heads.num_kv_heads);
         let (seq, pos) = row_seq[row];
         if seq == usize::MAX {
             acc.fill(0.0);
             return;
         }
-        let first = row * width + head * hd;
+        let first = row * width + kv_head * group * hd;
         let task = Task {
-            q: &q[first..first + per_task * hd],
+            q: &q[first..first + group * hd],
             block_table: seqs[seq].block_table,
             pos,
-            kv_head: head / group,
+            kv_head,
             layout,
             k_cache,
             v_cache,
             scale: heads.scale,
         };
-        // SAFETY: the ISA was detected on this CPU; slices are bounds-checked inside.
-        unsafe { run(isa, grouped, &task, acc) }
+        // Query heads in pieces of at most MAX_G.
+        let mut h = 0;
+        while h < group {
+            let n = (group - h).min(MAX_G);
+            let piece = Task {
+                q: &task.q[h * hd..(h + n) * hd],
+                ..task
+            };
+            // SAFETY: the ISA was detected on this CPU; the cache offsets were checked above (block
+            // ids, layout length) and every read stays within one block of one head.
+            unsafe { run(isa, n, &piece, &mut acc[h * hd..(h + n) * hd]) };
+            h += n;
+        }
     });
 }
 
-/// One task: one query head, or (`grouped`, AVX-512 only) every query head of one KV head.
-unsafe fn run(isa: Isa, grouped: bool, task: &Task<'_>, acc: &mut [f32]) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if grouped => unsafe { group_avx512(task, acc) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 => unsafe { run_avx2(task, acc) },
-        _ => unsafe { one_head::<Portable>(task, acc) },
+/// `n ≤ MAX_G` query heads of one KV head with the widest lanes of `isa`.
+unsafe fn run(isa: Isa, n: usize, t: &Task<'_>, out: &mut [f32]) {
+    macro_rules! by_heads {
+        ($f:ident) => {
+            match n {
+                1 => $f::<1>(t, out),
+                2 => $f::<2>(t, out),
+                3 => $f::<3>(t, out),
+                _ => $f::<4>(t, out),
+            }
+        };
     }
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => by_heads!(run_avx512),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => by_heads!(run_avx2),
+            _ => by_heads!(run_portable),
+        }
+    }
+}
+
+unsafe fn run_portable<const G: usize>(t: &Task<'_>, out: &mut [f32]) {
+    unsafe { heads::<Eight<Portable>, Portable, G, 2>(t, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_avx2(task: &Task<'_>, acc: &mut [f32]) {
-    unsafe { one_head::<simd::Avx2>(task, acc) }
+unsafe fn run_avx2<const G: usize>(t: &Task<'_>, out: &mut [f32]) {
+    unsafe { heads::<Eight<simd::Avx2>, simd::Avx2, G, 2>(t, out) }
 }
 
-/// The query heads of one KV head (`t.q` holds them all; `out` is as long), `head_dim` 64, in pieces
-/// of up to three heads: three queries (24 vectors) fit the 32 registers AVX-512VL gives 8-lane code.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-unsafe fn group_avx512(t: &Task<'_>, out: &mut [f32]) {
-    const HD: usize = 64;
-    let heads = t.q.len() / HD;
-    let mut h = 0;
-    while h < heads {
-        let n = (heads - h).min(3);
-        let piece = Task {
-            q: &t.q[h * HD..(h + n) * HD],
-            ..*t
-        };
-        let o = &mut out[h * HD..(h + n) * HD];
-        // SAFETY: AVX2 is implied by the detected AVX-512 ISA.
-        unsafe {
-            match n {
-                1 => heads_fixed::<simd::Avx2, 8, 1, 4>(&piece, o),
-                2 => heads_fixed::<simd::Avx2, 8, 2, 2>(&piece, o),
-                _ => heads_fixed::<simd::Avx2, 8, 3, 2>(&piece, o),
-            }
-        }
-        h += n;
+unsafe fn run_avx512<const G: usize>(t: &Task<'_>, out: &mut [f32]) {
+    unsafe { heads::<Sixteen, simd::Avx2, G, 4>(t, out) }
+}
+
+/// The vector registers the kernel runs on: `W` f32 lanes.
+trait Lanes: Copy {
+    const W: usize;
+    type V: Copy;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a · b + c`, fused exactly when [`Lanes::scalar_fma`] is.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    fn scalar_fma(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// Eight lanes of a [`Simd`] implementation.
+#[derive(Clone, Copy)]
+struct Eight<S>(std::marker::PhantomData<S>);
+
+impl<S: Simd> Lanes for Eight<S> {
+    const W: usize = 8;
+    type V = S::V;
+    #[inline(always)]
+    unsafe fn zero() -> S::V {
+        unsafe { S::zero() }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> S::V {
+        unsafe { S::splat(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> S::V {
+        unsafe { S::load(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: S::V) {
+        unsafe { S::store(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: S::V, b: S::V, c: S::V) -> S::V {
+        unsafe { S::mul_add(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: S::V, b: S::V) -> S::V {
+        unsafe { S::mul(a, b) }
+    }
+    #[inline(always)]
+    fn scalar_fma(a: f32, b: f32, c: f32) -> f32 {
+        S::scalar_mul_add(a, b, c)
     }
 }
 
-/// [`one_head`] for `G` query heads of one KV head at once and `head_dim == 8 · V`: the queries and the
-/// output rows stay in registers, every key and value vector is loaded once for the `G` heads, and `K`
-/// keys are scored side by side (`K · G` independent chains). Each head's operations are exactly the
-/// general walk's ([`one_head_any`]), so the results are bit-identical (tested).
+/// Sixteen AVX-512 lanes.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Sixteen;
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Sixteen {
+    const W: usize = 16;
+    type V = std::arch::x86_64::__m512;
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        unsafe { std::arch::x86_64::_mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        unsafe { std::arch::x86_64::_mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        unsafe { std::arch::x86_64::_mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        unsafe { std::arch::x86_64::_mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        unsafe { std::arch::x86_64::_mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn scalar_fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// `G` query heads of one KV head (`t.q` holds them; `out` is as long), value vectors `P` at a time.
+/// `S` supplies the exponential (the same 8-lane code whatever `L`, so every ISA gives the same bits).
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // several arrays indexed by the same (head, key, lane) indices
-unsafe fn heads_fixed<S: Simd, const V: usize, const G: usize, const K: usize>(
-    t: &Task<'_>,
-    out: &mut [f32],
-) {
-    let hd = 8 * V;
-    unsafe {
-        let mut qv = [[S::zero(); V]; G];
-        for (g, qg) in qv.iter_mut().enumerate() {
-            for (j, v) in qg.iter_mut().enumerate() {
-                *v = S::load(t.q.as_ptr().add(g * hd + 8 * j));
-            }
+unsafe fn heads<L: Lanes, S: Simd, const G: usize, const P: usize>(t: &Task<'_>, out: &mut [f32]) {
+    let hd = t.layout.head_dim;
+    out[..G * hd].fill(0.0);
+    let mut m = [f32::NEG_INFINITY; G];
+    let mut l = [0.0f32; G];
+    let mut scores = [[0.0f32; 2 * CHUNK]; G];
+    let mut probs = [[0.0f32; CHUNK]; G];
+    let n_ctx = t.pos + 1;
+    let mut start = 0;
+    while start < n_ctx {
+        // Two chunks at a time: their scores are computed together (twice the independent chains).
+        let a = t.chunk(start);
+        let b = (start + a.len < n_ctx).then(|| t.chunk(start + a.len));
+        let next = start + a.len + b.map_or(0, |c| c.len);
+        for c in [Some(a), b].into_iter().flatten() {
+            t.prefetch::<S>(c, true);
         }
-        let mut acc = [[S::zero(); V]; G];
-        let mut m = [f32::NEG_INFINITY; G];
-        let mut l = [0.0f32; G];
-        let mut scores = [[0.0f32; CHUNK]; G];
-        let mut probs = [[0.0f32; CHUNK]; G];
-        let n_ctx = t.pos + 1;
-        let mut start = 0;
-        while start < n_ctx {
-            let (len, base) = t.chunk(start);
-            t.prefetch::<S>(start + len, base, len);
-            let keys = &t.k_cache[base..base + len * hd];
-            let mut i = 0;
-            while i < len {
-                let n = (len - i).min(K);
-                let mut d = [[S::zero(); K]; G];
-                for j in 0..V {
-                    for kk in 0..n {
-                        let kv = S::load(keys.as_ptr().add((i + kk) * hd + 8 * j));
-                        for g in 0..G {
-                            d[g][kk] = S::mul_add(qv[g][j], kv, d[g][kk]);
-                        }
-                    }
-                }
-                for g in 0..G {
-                    for kk in 0..n {
-                        // `+ 0.0`: `simd::dot` adds its (empty) tail.
-                        scores[g][i + kk] = (S::hsum(d[g][kk]) + 0.0) * t.scale;
-                    }
-                }
-                i += n;
-            }
+        if next < n_ctx {
+            t.prefetch::<S>(t.chunk(next), false);
+        }
+        unsafe { score_chunks::<L, G>(t, a, b, &mut scores) };
+        for (c, at) in [(a, 0)].into_iter().chain(b.map(|c| (c, CHUNK))) {
             for g in 0..G {
-                let cmax = scores[g][..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let s = &scores[g][at..at + c.len];
+                let cmax = s.iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
                 let m_new = m[g].max(cmax);
                 let corr = (m[g] - m_new).exp();
                 l[g] *= corr;
-                for a in acc[g].iter_mut() {
-                    *a = S::mul(S::splat(corr), *a);
+                unsafe {
+                    simd::scale::<S>(corr, &mut out[g * hd..(g + 1) * hd]);
+                    simd::exp_shifted::<S>(s, m_new, &mut probs[g][..c.len]);
                 }
-                simd::exp_shifted::<S>(&scores[g][..len], m_new, &mut probs[g][..len]);
-                for &p in &probs[g][..len] {
+                for &p in &probs[g][..c.len] {
                     l[g] += p;
                 }
                 m[g] = m_new;
             }
-            let vals = &t.v_cache[base..base + len * hd];
-            for i in 0..len {
-                for j in 0..V {
-                    let vv = S::load(vals.as_ptr().add(i * hd + 8 * j));
-                    for g in 0..G {
-                        acc[g][j] = S::mul_add(S::splat(probs[g][i]), vv, acc[g][j]);
+            unsafe { values::<L, G, P>(t, c, &probs, out) };
+        }
+        start = next;
+    }
+    for g in 0..G {
+        unsafe { simd::scale::<S>(1.0 / l[g], &mut out[g * hd..(g + 1) * hd]) };
+    }
+}
+
+/// The scores of chunk `a` (into `scores[g][..a.len]`) and `b` (into `scores[g][CHUNK..]`): lane groups
+/// that lie within their block two at a time, the rest (odd block sizes only) key by key.
+#[inline(always)]
+unsafe fn score_chunks<L: Lanes, const G: usize>(
+    t: &Task<'_>,
+    a: Chunk,
+    b: Option<Chunk>,
+    scores: &mut [[f32; 2 * CHUNK]; G],
+) {
+    let (hd, bs) = (t.layout.head_dim, t.layout.block_size);
+    let kc = t.k_cache.as_ptr();
+    // (cache offset of the group's first key, its first score index)
+    let mut groups = [(0usize, 0usize); 2 * CHUNK / 8];
+    let mut n = 0;
+    for (c, at) in [(a, 0)].into_iter().chain(b.map(|c| (c, CHUNK))) {
+        let mut off = 0;
+        while off < c.len {
+            if c.slot0 + off + L::W <= bs {
+                groups[n] = (c.k + off, at + off);
+                n += 1;
+                off += L::W;
+                continue;
+            }
+            // The last keys of a block too small for a whole register: the same chain, one key at a time.
+            for i in off..c.len {
+                for g in 0..G {
+                    let mut s = 0.0f32;
+                    for d in 0..hd {
+                        // SAFETY: within block `c`'s keys (slot `c.slot0 + i < bs`).
+                        s = L::scalar_fma(t.q[g * hd + d], unsafe { *kc.add(c.k + d * bs + i) }, s);
                     }
+                    scores[g][at + i] = s * t.scale;
                 }
             }
-            start += len;
+            break;
         }
-        for g in 0..G {
-            let inv = S::splat(1.0 / l[g]);
-            for j in 0..V {
-                S::store(out.as_mut_ptr().add(g * hd + 8 * j), S::mul(inv, acc[g][j]));
+    }
+    let mut i = 0;
+    unsafe {
+        while i + 2 <= n {
+            score_groups::<L, G, 2>(t, [groups[i], groups[i + 1]], scores);
+            i += 2;
+        }
+        if i < n {
+            score_groups::<L, G, 1>(t, [groups[i]], scores);
+        }
+    }
+}
+
+/// `N` lane groups of `W` keys each against `G` query heads: `G × N` chains over the head dimension.
+#[inline(always)]
+unsafe fn score_groups<L: Lanes, const G: usize, const N: usize>(
+    t: &Task<'_>,
+    groups: [(usize, usize); N],
+    scores: &mut [[f32; 2 * CHUNK]; G],
+) {
+    let (hd, bs) = (t.layout.head_dim, t.layout.block_size);
+    unsafe {
+        let kc = t.k_cache.as_ptr();
+        let mut acc = [[L::zero(); N]; G];
+        for d in 0..hd {
+            let mut k = [L::zero(); N];
+            for (kv, &(off, _)) in k.iter_mut().zip(&groups) {
+                // SAFETY: the group's W keys lie within one block (checked by the caller).
+                *kv = L::load(kc.add(off + d * bs));
+            }
+            for (g, row) in acc.iter_mut().enumerate() {
+                let qd = L::splat(*t.q.get_unchecked(g * hd + d));
+                for (a, kv) in row.iter_mut().zip(&k) {
+                    *a = L::fma(qd, *kv, *a);
+                }
+            }
+        }
+        let scale = L::splat(t.scale);
+        for (g, row) in acc.iter().enumerate() {
+            for (a, &(_, at)) in row.iter().zip(&groups) {
+                // `at + W ≤ 2 · CHUNK`: groups start at multiples of W within a chunk of ≤ CHUNK keys.
+                L::store(scores[g].as_mut_ptr().add(at), L::mul(*a, scale));
             }
         }
     }
 }
 
+/// `out[g] += Σ_i probs[g][i] · v_i` over chunk `c`'s values in order, `P` vectors of the head
+/// dimension at a time (then one at a time, then a scalar tail).
 #[inline(always)]
-unsafe fn one_head<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
-    // Common head sizes keep the query and the accumulator in registers; the arithmetic is the same.
+unsafe fn values<L: Lanes, const G: usize, const P: usize>(
+    t: &Task<'_>,
+    c: Chunk,
+    probs: &[[f32; CHUNK]; G],
+    out: &mut [f32],
+) {
+    let hd = t.layout.head_dim;
+    let v = &t.v_cache[c.v..c.v + c.len * hd];
+    let mut j = 0;
     unsafe {
-        match t.layout.head_dim {
-            64 => heads_fixed::<S, 8, 1, 4>(t, acc),
-            128 => heads_fixed::<S, 16, 1, 4>(t, acc),
-            _ => one_head_any::<S>(t, acc),
+        while j + P * L::W <= hd {
+            values_pass::<L, G, P>(v, hd, c.len, j, probs, out);
+            j += P * L::W;
+        }
+        while j + L::W <= hd {
+            values_pass::<L, G, 1>(v, hd, c.len, j, probs, out);
+            j += L::W;
+        }
+    }
+    for d in j..hd {
+        for g in 0..G {
+            let mut a = out[g * hd + d];
+            for i in 0..c.len {
+                a = L::scalar_fma(probs[g][i], v[i * hd + d], a);
+            }
+            out[g * hd + d] = a;
         }
     }
 }
 
-/// [`one_head`] for any head size.
+/// Dimensions `j..j + Q·W` of every head's accumulator, held in registers over the chunk's keys.
 #[inline(always)]
-unsafe fn one_head_any<S: Simd>(t: &Task<'_>, acc: &mut [f32]) {
-    let hd = t.layout.head_dim;
-    acc.fill(0.0);
-    let mut m = f32::NEG_INFINITY;
-    let mut l = 0.0f32;
-    let mut scores = [0.0f32; CHUNK];
-    let n_ctx = t.pos + 1;
-    let mut start = 0;
-    while start < n_ctx {
-        let (len, base) = t.chunk(start);
-        let mut cmax = f32::NEG_INFINITY;
-        for (i, s) in scores[..len].iter_mut().enumerate() {
-            let k = &t.k_cache[base + i * hd..base + (i + 1) * hd];
-            *s = unsafe { simd::dot::<S>(t.q, k) } * t.scale;
-            cmax = cmax.max(*s);
+unsafe fn values_pass<L: Lanes, const G: usize, const Q: usize>(
+    v: &[f32],
+    hd: usize,
+    len: usize,
+    j: usize,
+    probs: &[[f32; CHUNK]; G],
+    out: &mut [f32],
+) {
+    unsafe {
+        let mut acc = [[L::zero(); Q]; G];
+        for (g, row) in acc.iter_mut().enumerate() {
+            for (p, a) in row.iter_mut().enumerate() {
+                *a = L::load(out.as_ptr().add(g * hd + j + p * L::W));
+            }
         }
-        let m_new = m.max(cmax);
-        let corr = (m - m_new).exp();
-        l *= corr;
-        unsafe { simd::scale::<S>(corr, acc) };
-        let mut probs = [0.0f32; CHUNK];
-        unsafe { simd::exp_shifted::<S>(&scores[..len], m_new, &mut probs[..len]) };
-        for (i, &p) in probs[..len].iter().enumerate() {
-            l += p;
-            let v = &t.v_cache[base + i * hd..base + (i + 1) * hd];
-            unsafe { simd::axpy::<S>(p, v, acc) };
+        for i in 0..len {
+            let mut vv = [L::zero(); Q];
+            for (p, x) in vv.iter_mut().enumerate() {
+                // SAFETY: `i < len` and `j + Q·W ≤ hd`: within the chunk's values.
+                *x = L::load(v.as_ptr().add(i * hd + j + p * L::W));
+            }
+            for (g, row) in acc.iter_mut().enumerate() {
+                let pg = L::splat(probs[g][i]);
+                for (a, x) in row.iter_mut().zip(&vv) {
+                    *a = L::fma(pg, *x, *a);
+                }
+            }
         }
-        m = m_new;
-        start += len;
+        for (g, row) in acc.iter().enumerate() {
+            for (p, a) in row.iter().enumerate() {
+                L::store(out.as_mut_ptr().add(g * hd + j + p * L::W), *a);
+            }
+        }
     }
-    unsafe { simd::scale::<S>(1.0 / l, acc) };
 }
 
 #[cfg(test)]
@@ -315,144 +514,52 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn matches_dense_softmax_attention_with_gqa_and_scattered_blocks() {
-        let layout = KvLayout {
-            num_blocks: 8,
-            block_size: 4,
-            num_kv_heads: 2,
-            head_dim: 8,
-        };
-        let heads = AttnHeads {
-            num_heads: 4,
-            num_kv_heads: 2,
-            head_dim: 8,
-            scale: 0.35,
-        };
-        let table = [5u32, 1, 6]; // 10 tokens over three scattered blocks
-        let n = 10;
-        let (kv, qs) = (lcg(7, n * 2 * 8 * 2), lcg(8, n * 4 * 8));
-        let mut kc = vec![0.0; layout.len()];
-        let mut vc = vec![0.0; layout.len()];
-        let key = |p: usize, h: usize| kv[(p * 2 + h) * 16..(p * 2 + h) * 16 + 8].to_vec();
-        let val = |p: usize, h: usize| kv[(p * 2 + h) * 16 + 8..(p * 2 + h) * 16 + 16].to_vec();
-        for p in 0..n {
-            for h in 0..2 {
-                let off = layout.offset(table[p / 4] as usize, h, p % 4);
-                kc[off..off + 8].copy_from_slice(&key(p, h));
-                vc[off..off + 8].copy_from_slice(&val(p, h));
-            }
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        if Isa::detect().has_avx2() {
+            v.push(Isa::Avx2);
         }
-        // Rows 0..7 are a prefill chunk at positions 3..10 (positions 0..3 cached earlier).
-        let seqs = [AttnSeq {
-            row_start: 0,
-            num_rows: 7,
-            first_pos: 3,
-            block_table: &table,
-        }];
-        let mut out = vec![0.0; 7 * 32];
-        for isa in [Isa::Portable, Isa::detect()] {
-            paged_attention(isa, &qs[..7 * 32], &seqs, heads, &layout, (&kc, &vc), &mut out);
-            for r in 0..7 {
-                let pos = 3 + r;
-                for h in 0..4 {
-                    let q = &qs[r * 32 + h * 8..r * 32 + h * 8 + 8];
-                    let keys: Vec<_> = (0..=pos).map(|p| key(p, h / 2)).collect();
-                    let vals: Vec<_> = (0..=pos).map(|p| val(p, h / 2)).collect();
-                    let want = reference(q, &keys, &vals, 0.35);
-                    for (a, b) in out[r * 32 + h * 8..r * 32 + h * 8 + 8].iter().zip(&want) {
-                        assert!((a - b).abs() < 1e-5, "{isa:?} row {r} head {h}: {a} vs {b}");
-                    }
-                }
-            }
+        if Isa::detect() == Isa::Avx512 {
+            v.push(Isa::Avx512);
         }
+        v
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn both_avx2<const V: usize>(t: &Task<'_>, a: &mut [f32], b: &mut [f32]) {
-        unsafe {
-            heads_fixed::<simd::Avx2, V, 1, 4>(t, a);
-            one_head_any::<simd::Avx2>(t, b);
-        }
+    /// The key (transposed layout) and value of position `p` of KV head `h` under `table`.
+    fn key_val(
+        l: &KvLayout,
+        (kc, vc): (&[f32], &[f32]),
+        table: &[u32],
+        h: usize,
+        p: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (block, slot) = (table[p / l.block_size] as usize, p % l.block_size);
+        let k0 = l.key_offset(block, h, slot);
+        let v0 = l.offset(block, h, slot);
+        (
+            (0..l.head_dim).map(|d| kc[k0 + d * l.block_size]).collect(),
+            vc[v0..v0 + l.head_dim].to_vec(),
+        )
     }
 
+    /// Shapes: (query heads, KV heads, head_dim, block_size). Covers whole-register key groups (16),
+    /// blocks smaller than a register or not a multiple of it (4, 5, 8: the key-by-key path), head sizes
+    /// with a scalar tail (20, 24), query-head pieces (7 per KV head = 4 + 3) and no grouping.
+    const SHAPES: [(usize, usize, usize, usize); 6] = [
+        (4, 2, 8, 4),
+        (9, 3, 64, 16),
+        (14, 2, 64, 16),
+        (2, 1, 24, 8),
+        (8, 8, 128, 32),
+        (6, 2, 20, 5),
+    ];
+
     #[test]
-    fn register_resident_heads_match_the_general_walk_bit_for_bit() {
-        for hd in [64, 128] {
+    fn matches_dense_softmax_attention_and_every_isa_gives_the_same_bits() {
+        for (num_heads, num_kv_heads, hd, bs) in SHAPES {
             let layout = KvLayout {
-                num_blocks: 6,
-                block_size: 16,
-                num_kv_heads: 1,
-                head_dim: hd,
-            };
-            let kc = lcg(11, layout.len());
-            let vc = lcg(12, layout.len());
-            let q = lcg(13, hd);
-            let table = [4u32, 0, 5, 2];
-            for pos in [0, 5, 16, 37, 63] {
-                let t = Task {
-                    q: &q,
-                    block_table: &table,
-                    pos,
-                    kv_head: 0,
-                    layout: &layout,
-                    k_cache: &kc,
-                    v_cache: &vc,
-                    scale: 0.125,
-                };
-                let (mut a, mut b) = (vec![0.0; hd], vec![0.0; hd]);
-                // SAFETY: plain Rust lanes.
-                unsafe {
-                    match hd {
-                        64 => heads_fixed::<Portable, 8, 1, 4>(&t, &mut a),
-                        _ => heads_fixed::<Portable, 16, 1, 4>(&t, &mut a),
-                    }
-                    one_head_any::<Portable>(&t, &mut b);
-                }
-                assert_eq!(a, b, "portable, head_dim {hd}, position {pos}");
-                #[cfg(target_arch = "x86_64")]
-                if Isa::detect().has_avx2() {
-                    // SAFETY: AVX2 detected.
-                    unsafe {
-                        match hd {
-                            64 => both_avx2::<8>(&t, &mut a, &mut b),
-                            _ => both_avx2::<16>(&t, &mut a, &mut b),
-                        }
-                    }
-                    assert_eq!(a, b, "AVX2, head_dim {hd}, position {pos}");
-                    let keys: Vec<Vec<f32>> = (0..=pos)
-                        .map(|p| {
-                            let o = layout.offset(table[p / 16] as usize, 0, p % 16);
-                            kc[o..o + hd].to_vec()
-                        })
-                        .collect();
-                    let vals: Vec<Vec<f32>> = (0..=pos)
-                        .map(|p| {
-                            let o = layout.offset(table[p / 16] as usize, 0, p % 16);
-                            vc[o..o + hd].to_vec()
-                        })
-                        .collect();
-                    let want = reference(&q, &keys, &vals, 0.125);
-                    for (x, y) in a.iter().zip(&want) {
-                        assert!((x - y).abs() < 1e-4, "head_dim {hd} position {pos}: {x} vs {y}");
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn grouped_heads_match_one_head_at_a_time_bit_for_bit() {
-        if Isa::detect() != Isa::Avx512 {
-            return;
-        }
-        // SmolLM2's 9 heads over 3 KV heads, and Qwen2-0.5B's 14 over 2 (pieces of 3, 3 and 1).
-        for (num_heads, num_kv_heads) in [(9, 3), (14, 2)] {
-            let hd = 64;
-            let layout = KvLayout {
-                num_blocks: 6,
-                block_size: 16,
+                num_blocks: 24,
+                block_size: bs,
                 num_kv_heads,
                 head_dim: hd,
             };
@@ -460,31 +567,125 @@ mod tests {
                 num_heads,
                 num_kv_heads,
                 head_dim: hd,
-                scale: 0.125,
+                scale: 1.0 / (hd as f32).sqrt(),
             };
-            let (kc, vc) = (lcg(21, layout.len()), lcg(22, layout.len()));
-            let table = [3u32, 0, 5, 1];
-            // A decode row at position 50 and a 3-row prefill chunk at 20..23.
+            // Random everywhere: stale entries outside the sequences must not matter.
+            let (kc, vc) = (lcg(7, layout.len()), lcg(8, layout.len()));
+            let table_a: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 24).collect();
+            let table_b: Vec<u32> = (0..12).map(|i| (i * 5 + 1) % 24).collect();
+            let ctx = 12 * bs;
+            // A 7-row prefill chunk ending at the last position of A, and one decode row of B.
             let seqs = [
                 AttnSeq {
                     row_start: 0,
-                    num_rows: 1,
-                    first_pos: 50,
-                    block_table: &table,
+                    num_rows: 7,
+                    first_pos: ctx - 7,
+                    block_table: &table_a,
                 },
                 AttnSeq {
-                    row_start: 1,
-                    num_rows: 3,
-                    first_pos: 20,
-                    block_table: &table,
+                    row_start: 7,
+                    num_rows: 1,
+                    first_pos: ctx / 2 + 1,
+                    block_table: &table_b,
                 },
             ];
-            let q = lcg(23, 4 * num_heads * hd);
-            let mut grouped = vec![0.0; 4 * num_heads * hd];
-            let mut single = vec![0.0; 4 * num_heads * hd];
-            paged_attention(Isa::Avx512, &q, &seqs, heads, &layout, (&kc, &vc), &mut grouped);
-            paged_attention(Isa::Avx2, &q, &seqs, heads, &layout, (&kc, &vc), &mut single);
-            assert_eq!(grouped, single, "{num_heads} heads over {num_kv_heads}");
+            let width = num_heads * hd;
+            let q = lcg(9, 8 * width);
+            let mut first: Option<Vec<f32>> = None;
+            for isa in isas() {
+                let mut out = vec![f32::NAN; 8 * width];
+                paged_attention(isa, &q, &seqs, heads, &layout, (&kc, &vc), &mut out);
+                for r in 0..8 {
+                    let (table, pos) = if r < 7 {
+                        (&table_a, ctx - 7 + r)
+                    } else {
+                        (&table_b, ctx / 2 + 1)
+                    };
+                    for h in 0..num_heads {
+                        let kvh = h / (num_heads / num_kv_heads);
+                        let (keys, vals): (Vec<_>, Vec<_>) = (0..=pos)
+                            .map(|p| key_val(&layout, (&kc, &vc), table, kvh, p))
+                            .unzip();
+                        let at = r * width + h * hd;
+                        let want = reference(&q[at..at + hd], &keys, &vals, heads.scale);
+                        for (d, (a, b)) in out[at..at + hd].iter().zip(&want).enumerate() {
+                            assert!(
+                                (a - b).abs() < 1e-4,
+                                "{isa:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} row {r} head {h} dim {d}: {a} vs {b}"
+                            );
+                        }
+                    }
+                }
+                // The vector ISAs run the same chains in 8 or 16 lanes: identical bits.
+                if isa != Isa::Portable {
+                    match &first {
+                        None => first = Some(out),
+                        Some(f) => assert!(
+                            f.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{isa:?} differs from AVX2 ({num_heads}/{num_kv_heads} hd {hd} bs {bs})"
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_gets_the_same_bits_alone_as_in_a_prefill_chunk() {
+        for (num_heads, num_kv_heads, hd, bs) in SHAPES {
+            let layout = KvLayout {
+                num_blocks: 10,
+                block_size: bs,
+                num_kv_heads,
+                head_dim: hd,
+            };
+            let heads = AttnHeads {
+                num_heads,
+                num_kv_heads,
+                head_dim: hd,
+                scale: 0.2,
+            };
+            let (kc, vc) = (lcg(11, layout.len()), lcg(12, layout.len()));
+            let table: Vec<u32> = (0..10).rev().collect();
+            let width = num_heads * hd;
+            let rows = 9;
+            let first_pos = 10 * bs - rows;
+            let q = lcg(13, rows * width);
+            for isa in isas() {
+                let mut chunk = vec![0.0; rows * width];
+                let seqs = [AttnSeq {
+                    row_start: 0,
+                    num_rows: rows,
+                    first_pos,
+                    block_table: &table,
+                }];
+                paged_attention(isa, &q, &seqs, heads, &layout, (&kc, &vc), &mut chunk);
+                for r in 0..rows {
+                    let mut alone = vec![0.0; width];
+                    let one = [AttnSeq {
+                        row_start: 0,
+                        num_rows: 1,
+                        first_pos: first_pos + r,
+                        block_table: &table,
+                    }];
+                    paged_attention(
+                        isa,
+                        &q[r * width..(r + 1) * width],
+                        &one,
+                        heads,
+                        &layout,
+                        (&kc, &vc),
+                        &mut alone,
+                    );
+                    assert!(
+                        alone
+                            .iter()
+                            .zip(&chunk[r * width..])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} row {r}"
+                    );
+                }
+            }
         }
     }
 }

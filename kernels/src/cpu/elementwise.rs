@@ -127,9 +127,13 @@ pub(crate) fn write_kv(
         );
         assert!(block < layout.num_blocks, "slot {slot} outside the KV cache");
         for h in 0..layout.num_kv_heads {
-            let off = layout.offset(block, h, s);
             let src = r * width + h * hd;
-            k_cache[off..off + hd].copy_from_slice(&k[src..src + hd]);
+            // Keys transposed within the block (see `KvLayout::key_offset`), values as rows.
+            let k0 = layout.key_offset(block, h, s);
+            for (d, &x) in k[src..src + hd].iter().enumerate() {
+                k_cache[k0 + d * layout.block_size] = x;
+            }
+            let off = layout.offset(block, h, s);
             v_cache[off..off + hd].copy_from_slice(&v[src..src + hd]);
         }
     }

@@ -315,45 +315,6 @@ mod avx2 {
     }
 }
 
-/// Dot product of `a` and `b` (equal lengths) in the fixed order described in the module header.
-#[inline(always)]
-pub(crate) unsafe fn dot<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let n8 = n / 8 * 8;
-    unsafe {
-        let mut acc = S::zero();
-        let mut i = 0;
-        while i < n8 {
-            acc = S::mul_add(S::load(a.as_ptr().add(i)), S::load(b.as_ptr().add(i)), acc);
-            i += 8;
-        }
-        let mut tail = 0.0f32;
-        for j in n8..n {
-            tail = S::scalar_mul_add(a[j], b[j], tail);
-        }
-        S::hsum(acc) + tail
-    }
-}
-
-/// `y = a * x + y` over equal-length slices.
-#[inline(always)]
-pub(crate) unsafe fn axpy<S: Simd>(a: f32, x: &[f32], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    let n8 = n / 8 * 8;
-    unsafe {
-        let av = S::splat(a);
-        let mut i = 0;
-        while i < n8 {
-            let r = S::mul_add(av, S::load(x.as_ptr().add(i)), S::load(y.as_ptr().add(i)));
-            S::store(y.as_mut_ptr().add(i), r);
-            i += 8;
-        }
-    }
-    for j in n8..n {
-        y[j] = S::scalar_mul_add(a, x[j], y[j]);
-    }
-}
-
 /// `out[i] = e^(x[i] - shift)` ([`Simd::exp`]); a tail shorter than 8 lanes is padded, so every element
 /// gets the same operations whatever its position.
 #[inline(always)]
