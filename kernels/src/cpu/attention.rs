@@ -337,6 +337,7 @@ unsafe fn heads<L: Lanes, S: Simd, const G: usize, const P: usize>(t: &Task<'_>,
 /// The scores of chunk `a` (into `scores[g][..a.len]`) and `b` (into `scores[g][CHUNK..]`): lane groups
 /// that lie within their block two at a time, the rest (odd block sizes only) key by key.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // the query and the scores are indexed by the same head
 unsafe fn score_chunks<L: Lanes, const G: usize>(
     t: &Task<'_>,
     a: Chunk,
@@ -440,10 +441,10 @@ unsafe fn values<L: Lanes, const G: usize, const P: usize>(
         }
     }
     for d in j..hd {
-        for g in 0..G {
+        for (g, pg) in probs.iter().enumerate() {
             let mut a = out[g * hd + d];
-            for i in 0..c.len {
-                a = L::scalar_fma(probs[g][i], v[i * hd + d], a);
+            for (i, &p) in pg[..c.len].iter().enumerate() {
+                a = L::scalar_fma(p, v[i * hd + d], a);
             }
             out[g * hd + d] = a;
         }
