@@ -453,6 +453,7 @@ unsafe fn values<L: Lanes, const G: usize, const P: usize>(
 
 /// Dimensions `j..j + Q·W` of every head's accumulator, held in registers over the chunk's keys.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // key `i` indexes the values and every head's probabilities
 unsafe fn values_pass<L: Lanes, const G: usize, const Q: usize>(
     v: &[f32],
     hd: usize,
