@@ -6,7 +6,8 @@
 //! heads outside slots). Values are stored slot by slot (`[block][head][slot][dim]`, [`KvLayout::offset`]);
 //! keys are transposed within the block (`[block][head][dim][slot]`, [`KvLayout::key_offset`]), so one
 //! dimension of consecutive keys is contiguous and attention scores a register's width of keys at once. A token at position `p` of a sequence lives in block `block_table[p / block_size]`,
-//! slot `p % block_size`; its "slot id" is `block * block_size + slot` (vLLM's `slot_mapping`).
+//! slot `p % block_size`; its "slot id" is `block * block_size + slot` (vLLM's `slot_mapping`). Elements
+//! are f32 or f16 ([`KvDType`]); an f16 cache lives in a backend f32 buffer of half the words.
 
 /// The shape of one layer's paged K (or V) cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,12 +20,45 @@ pub struct KvLayout {
     pub num_kv_heads: usize,
     /// Elements per head.
     pub head_dim: usize,
+    /// How each element is stored.
+    pub dtype: KvDType,
+}
+
+/// The element type of the KV cache (vLLM's `--kv-cache-dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDType {
+    /// 32-bit floats: exactly what the model computed.
+    #[default]
+    F32,
+    /// IEEE half precision, rounded to nearest when written (llama.cpp's default cache type): half the
+    /// memory and half the bytes attention reads; attention still computes in f32.
+    F16,
+}
+
+impl KvDType {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDType::F32 => 4,
+            KvDType::F16 => 2,
+        }
+    }
 }
 
 impl KvLayout {
     /// Elements in one layer's K (or V) cache.
     pub fn len(&self) -> usize {
         self.num_blocks * self.num_kv_heads * self.block_size * self.head_dim
+    }
+
+    /// Bytes of one layer's K (or V) cache.
+    pub fn bytes(&self) -> usize {
+        self.len() * self.dtype.bytes()
+    }
+
+    /// f32 words of backend buffer that hold one layer's K (or V) cache (two f16 elements per word).
+    pub fn storage_words(&self) -> usize {
+        self.bytes().div_ceil(4)
     }
 
     /// Whether the cache holds nothing.

@@ -26,7 +26,7 @@ pub mod layout;
 pub mod quant;
 pub mod weight;
 
-pub use layout::{AttnHeads, AttnSeq, KvLayout, Rope};
+pub use layout::{AttnHeads, AttnSeq, KvDType, KvLayout, Rope};
 pub use quant::QuantKind;
 pub use weight::{ByteSource, DType, HostWeight, WeightData, WeightError};
 

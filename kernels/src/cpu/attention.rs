@@ -22,7 +22,7 @@
 
 use super::pool;
 use super::simd::{self, Isa, Portable, Simd};
-use crate::layout::{AttnHeads, AttnSeq, KvLayout};
+use crate::layout::{AttnHeads, AttnSeq, KvDType, KvLayout};
 
 /// Positions scored at a time (one online-softmax update).
 const CHUNK: usize = 32;
@@ -30,16 +30,16 @@ const CHUNK: usize = 32;
 /// Most query heads one pass handles (larger groups run in pieces).
 const MAX_G: usize = 4;
 
-/// What one (row, KV head) task needs.
-struct Task<'a> {
+/// What one (row, KV head) task needs; `E` is the cache's element (`f32`, or `u16` holding f16 bits).
+struct Task<'a, E> {
     /// The query heads of this KV head, one after another.
     q: &'a [f32],
     block_table: &'a [u32],
     pos: usize,
     kv_head: usize,
     layout: &'a KvLayout,
-    k_cache: &'a [f32],
-    v_cache: &'a [f32],
+    k_cache: &'a [E],
+    v_cache: &'a [E],
     scale: f32,
 }
 
@@ -53,7 +53,7 @@ struct Chunk {
     v: usize,
 }
 
-impl Task<'_> {
+impl<E> Task<'_, E> {
     /// The chunk of the walk that starts at position `start`: at most [`CHUNK`] positions, within one
     /// block, not past this row's position.
     fn chunk(&self, start: usize) -> Chunk {
@@ -101,9 +101,34 @@ pub(crate) fn paged_attention(
     assert_eq!(hd, layout.head_dim, "head_dim of the cache");
     assert_eq!(heads.num_kv_heads, layout.num_kv_heads, "kv heads of the cache");
     assert!(
-        k_cache.len() >= layout.len() && v_cache.len() >= layout.len(),
+        k_cache.len() >= layout.storage_words() && v_cache.len() >= layout.storage_words(),
         "cache shorter than its layout"
     );
+    match layout.dtype {
+        KvDType::F32 => attend(isa, q, seqs, heads, layout, (k_cache, v_cache), out),
+        KvDType::F16 => attend::<u16>(
+            isa,
+            q,
+            seqs,
+            heads,
+            layout,
+            (bytemuck::cast_slice(k_cache), bytemuck::cast_slice(v_cache)),
+            out,
+        ),
+    }
+}
+
+/// [`paged_attention`] on a cache of `E` elements.
+fn attend<E: KvElem>(
+    isa: Isa,
+    q: &[f32],
+    seqs: &[AttnSeq<'_>],
+    heads: AttnHeads,
+    layout: &KvLayout,
+    (k_cache, v_cache): (&[E], &[E]),
+    out: &mut [f32],
+) {
+    let hd = heads.head_dim;
     let group = heads.num_heads / heads.num_kv_heads;
     // Row -> (sequence, position).
     let rows: usize = seqs.iter().map(|s| s.row_start + s.num_rows).max().unwrap_or(0);
@@ -157,14 +182,14 @@ pub(crate) fn paged_attention(
 }
 
 /// `n ≤ MAX_G` query heads of one KV head with the widest lanes of `isa`.
-unsafe fn run(isa: Isa, n: usize, t: &Task<'_>, out: &mut [f32]) {
+unsafe fn run<E: KvElem>(isa: Isa, n: usize, t: &Task<'_, E>, out: &mut [f32]) {
     macro_rules! by_heads {
         ($f:ident) => {
             match n {
-                1 => $f::<1>(t, out),
-                2 => $f::<2>(t, out),
-                3 => $f::<3>(t, out),
-                _ => $f::<4>(t, out),
+                1 => $f::<E, 1>(t, out),
+                2 => $f::<E, 2>(t, out),
+                3 => $f::<E, 3>(t, out),
+                _ => $f::<E, 4>(t, out),
             }
         };
     }
@@ -179,20 +204,20 @@ unsafe fn run(isa: Isa, n: usize, t: &Task<'_>, out: &mut [f32]) {
     }
 }
 
-unsafe fn run_portable<const G: usize>(t: &Task<'_>, out: &mut [f32]) {
-    unsafe { heads::<Eight<Portable>, Portable, G, 2>(t, out) }
+unsafe fn run_portable<E: KvElem, const G: usize>(t: &Task<'_, E>, out: &mut [f32]) {
+    unsafe { heads::<Eight<Portable>, Portable, E, G, 2>(t, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_avx2<const G: usize>(t: &Task<'_>, out: &mut [f32]) {
-    unsafe { heads::<Eight<simd::Avx2>, simd::Avx2, G, 2>(t, out) }
+unsafe fn run_avx2<E: KvElem, const G: usize>(t: &Task<'_, E>, out: &mut [f32]) {
+    unsafe { heads::<Eight<simd::Avx2>, simd::Avx2, E, G, 2>(t, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-unsafe fn run_avx512<const G: usize>(t: &Task<'_>, out: &mut [f32]) {
-    unsafe { heads::<Sixteen, simd::Avx2, G, 4>(t, out) }
+unsafe fn run_avx512<E: KvElem, const G: usize>(t: &Task<'_, E>, out: &mut [f32]) {
+    unsafe { heads::<Sixteen, simd::Avx2, E, G, 4>(t, out) }
 }
 
 /// The vector registers the kernel runs on: `W` f32 lanes.
@@ -202,6 +227,8 @@ trait Lanes: Copy {
     unsafe fn zero() -> Self::V;
     unsafe fn splat(x: f32) -> Self::V;
     unsafe fn load(p: *const f32) -> Self::V;
+    /// `W` f16 (as bits) from `p`, widened exactly.
+    unsafe fn load_f16(p: *const u16) -> Self::V;
     unsafe fn store(p: *mut f32, v: Self::V);
     /// `a · b + c`, fused exactly when [`Lanes::scalar_fma`] is.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
@@ -227,6 +254,10 @@ impl<S: Simd> Lanes for Eight<S> {
     #[inline(always)]
     unsafe fn load(p: *const f32) -> S::V {
         unsafe { S::load(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> S::V {
+        unsafe { S::load_f16(p) }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: S::V) {
@@ -268,6 +299,11 @@ impl Lanes for Sixteen {
         unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
     #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> Self::V {
+        use std::arch::x86_64::*;
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
     unsafe fn store(p: *mut f32, v: Self::V) {
         unsafe { std::arch::x86_64::_mm512_storeu_ps(p, v) }
     }
@@ -285,10 +321,42 @@ impl Lanes for Sixteen {
     }
 }
 
+/// A cache element: `f32`, or `u16` holding the bits of an f16 (widened exactly when read).
+trait KvElem: Copy + Send + Sync {
+    /// `L::W` elements from `p` as f32 lanes.
+    unsafe fn load<L: Lanes>(p: *const Self) -> L::V;
+    fn to_f32(self) -> f32;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    unsafe fn load<L: Lanes>(p: *const f32) -> L::V {
+        unsafe { L::load(p) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for u16 {
+    #[inline(always)]
+    unsafe fn load<L: Lanes>(p: *const u16) -> L::V {
+        unsafe { L::load_f16(p) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::from_bits(self).to_f32()
+    }
+}
+
 /// `G` query heads of one KV head (`t.q` holds them; `out` is as long), value vectors `P` at a time.
 /// `S` supplies the exponential (the same 8-lane code whatever `L`, so every ISA gives the same bits).
 #[inline(always)]
-unsafe fn heads<L: Lanes, S: Simd, const G: usize, const P: usize>(t: &Task<'_>, out: &mut [f32]) {
+unsafe fn heads<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
+    t: &Task<'_, E>,
+    out: &mut [f32],
+) {
     let hd = t.layout.head_dim;
     out[..G * hd].fill(0.0);
     let mut m = [f32::NEG_INFINITY; G];
@@ -308,7 +376,7 @@ unsafe fn heads<L: Lanes, S: Simd, const G: usize, const P: usize>(t: &Task<'_>,
         if next < n_ctx {
             t.prefetch::<S>(t.chunk(next), false);
         }
-        unsafe { score_chunks::<L, G>(t, a, b, &mut scores) };
+        unsafe { score_chunks::<L, E, G>(t, a, b, &mut scores) };
         for (c, at) in [(a, 0)].into_iter().chain(b.map(|c| (c, CHUNK))) {
             for g in 0..G {
                 let s = &scores[g][at..at + c.len];
@@ -325,7 +393,7 @@ unsafe fn heads<L: Lanes, S: Simd, const G: usize, const P: usize>(t: &Task<'_>,
                 }
                 m[g] = m_new;
             }
-            unsafe { values::<L, G, P>(t, c, &probs, out) };
+            unsafe { values::<L, E, G, P>(t, c, &probs, out) };
         }
         start = next;
     }
@@ -338,8 +406,8 @@ unsafe fn heads<L: Lanes, S: Simd, const G: usize, const P: usize>(t: &Task<'_>,
 /// that lie within their block two at a time, the rest (odd block sizes only) key by key.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // the query and the scores are indexed by the same head
-unsafe fn score_chunks<L: Lanes, const G: usize>(
-    t: &Task<'_>,
+unsafe fn score_chunks<L: Lanes, E: KvElem, const G: usize>(
+    t: &Task<'_, E>,
     a: Chunk,
     b: Option<Chunk>,
     scores: &mut [[f32; 2 * CHUNK]; G],
@@ -364,7 +432,7 @@ unsafe fn score_chunks<L: Lanes, const G: usize>(
                     let mut s = 0.0f32;
                     for d in 0..hd {
                         // SAFETY: within block `c`'s keys (slot `c.slot0 + i < bs`).
-                        s = L::scalar_fma(t.q[g * hd + d], unsafe { *kc.add(c.k + d * bs + i) }, s);
+                        s = L::scalar_fma(t.q[g * hd + d], unsafe { *kc.add(c.k + d * bs + i) }.to_f32(), s);
                     }
                     scores[g][at + i] = s * t.scale;
                 }
@@ -375,19 +443,19 @@ unsafe fn score_chunks<L: Lanes, const G: usize>(
     let mut i = 0;
     unsafe {
         while i + 2 <= n {
-            score_groups::<L, G, 2>(t, [groups[i], groups[i + 1]], scores);
+            score_groups::<L, E, G, 2>(t, [groups[i], groups[i + 1]], scores);
             i += 2;
         }
         if i < n {
-            score_groups::<L, G, 1>(t, [groups[i]], scores);
+            score_groups::<L, E, G, 1>(t, [groups[i]], scores);
         }
     }
 }
 
 /// `N` lane groups of `W` keys each against `G` query heads: `G × N` chains over the head dimension.
 #[inline(always)]
-unsafe fn score_groups<L: Lanes, const G: usize, const N: usize>(
-    t: &Task<'_>,
+unsafe fn score_groups<L: Lanes, E: KvElem, const G: usize, const N: usize>(
+    t: &Task<'_, E>,
     groups: [(usize, usize); N],
     scores: &mut [[f32; 2 * CHUNK]; G],
 ) {
@@ -399,7 +467,7 @@ unsafe fn score_groups<L: Lanes, const G: usize, const N: usize>(
             let mut k = [L::zero(); N];
             for (kv, &(off, _)) in k.iter_mut().zip(&groups) {
                 // SAFETY: the group's W keys lie within one block (checked by the caller).
-                *kv = L::load(kc.add(off + d * bs));
+                *kv = E::load::<L>(kc.add(off + d * bs));
             }
             for (g, row) in acc.iter_mut().enumerate() {
                 let qd = L::splat(*t.q.get_unchecked(g * hd + d));
@@ -421,8 +489,8 @@ unsafe fn score_groups<L: Lanes, const G: usize, const N: usize>(
 /// `out[g] += Σ_i probs[g][i] · v_i` over chunk `c`'s values in order, `P` vectors of the head
 /// dimension at a time (then one at a time, then a scalar tail).
 #[inline(always)]
-unsafe fn values<L: Lanes, const G: usize, const P: usize>(
-    t: &Task<'_>,
+unsafe fn values<L: Lanes, E: KvElem, const G: usize, const P: usize>(
+    t: &Task<'_, E>,
     c: Chunk,
     probs: &[[f32; CHUNK]; G],
     out: &mut [f32],
@@ -432,11 +500,11 @@ unsafe fn values<L: Lanes, const G: usize, const P: usize>(
     let mut j = 0;
     unsafe {
         while j + P * L::W <= hd {
-            values_pass::<L, G, P>(v, hd, c.len, j, probs, out);
+            values_pass::<L, E, G, P>(v, hd, c.len, j, probs, out);
             j += P * L::W;
         }
         while j + L::W <= hd {
-            values_pass::<L, G, 1>(v, hd, c.len, j, probs, out);
+            values_pass::<L, E, G, 1>(v, hd, c.len, j, probs, out);
             j += L::W;
         }
     }
@@ -444,7 +512,7 @@ unsafe fn values<L: Lanes, const G: usize, const P: usize>(
         for (g, pg) in probs.iter().enumerate() {
             let mut a = out[g * hd + d];
             for (i, &p) in pg[..c.len].iter().enumerate() {
-                a = L::scalar_fma(p, v[i * hd + d], a);
+                a = L::scalar_fma(p, v[i * hd + d].to_f32(), a);
             }
             out[g * hd + d] = a;
         }
@@ -454,8 +522,8 @@ unsafe fn values<L: Lanes, const G: usize, const P: usize>(
 /// Dimensions `j..j + Q·W` of every head's accumulator, held in registers over the chunk's keys.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // key `i` indexes the values and every head's probabilities
-unsafe fn values_pass<L: Lanes, const G: usize, const Q: usize>(
-    v: &[f32],
+unsafe fn values_pass<L: Lanes, E: KvElem, const G: usize, const Q: usize>(
+    v: &[E],
     hd: usize,
     len: usize,
     j: usize,
@@ -473,7 +541,7 @@ unsafe fn values_pass<L: Lanes, const G: usize, const Q: usize>(
             let mut vv = [L::zero(); Q];
             for (p, x) in vv.iter_mut().enumerate() {
                 // SAFETY: `i < len` and `j + Q·W ≤ hd`: within the chunk's values.
-                *x = L::load(v.as_ptr().add(i * hd + j + p * L::W));
+                *x = E::load::<L>(v.as_ptr().add(i * hd + j + p * L::W));
             }
             for (g, row) in acc.iter_mut().enumerate() {
                 let pg = L::splat(probs[g][i]);
@@ -539,9 +607,42 @@ mod tests {
         let k0 = l.key_offset(block, h, slot);
         let v0 = l.offset(block, h, slot);
         (
-            (0..l.head_dim).map(|d| kc[k0 + d * l.block_size]).collect(),
-            vc[v0..v0 + l.head_dim].to_vec(),
+            (0..l.head_dim)
+                .map(|d| elem(l, kc, k0 + d * l.block_size))
+                .collect(),
+            (0..l.head_dim).map(|d| elem(l, vc, v0 + d)).collect(),
         )
+    }
+
+    /// A cache buffer of random values in the layout's element type.
+    fn random_cache(l: &KvLayout, seed: u64) -> Vec<f32> {
+        let vals = lcg(seed, l.len());
+        match l.dtype {
+            KvDType::F32 => vals,
+            KvDType::F16 => {
+                let mut buf = vec![0.0f32; l.storage_words()];
+                let bits: &mut [u16] = bytemuck::cast_slice_mut(&mut buf);
+                for (b, v) in bits.iter_mut().zip(&vals) {
+                    *b = half::f16::from_f32(*v).to_bits();
+                }
+                buf
+            }
+        }
+    }
+
+    /// Element `i` of a cache buffer, as f32.
+    fn elem(l: &KvLayout, buf: &[f32], i: usize) -> f32 {
+        match l.dtype {
+            KvDType::F32 => buf[i],
+            KvDType::F16 => half::f16::from_bits(bytemuck::cast_slice::<f32, u16>(buf)[i]).to_f32(),
+        }
+    }
+
+    /// Every shape with both cache element types.
+    fn cases() -> impl Iterator<Item = ((usize, usize, usize, usize), KvDType)> {
+        SHAPES
+            .into_iter()
+            .flat_map(|s| [(s, KvDType::F32), (s, KvDType::F16)])
     }
 
     /// Shapes: (query heads, KV heads, head_dim, block_size). Covers whole-register key groups (16),
@@ -558,12 +659,13 @@ mod tests {
 
     #[test]
     fn matches_dense_softmax_attention_and_every_isa_gives_the_same_bits() {
-        for (num_heads, num_kv_heads, hd, bs) in SHAPES {
+        for ((num_heads, num_kv_heads, hd, bs), dtype) in cases() {
             let layout = KvLayout {
                 num_blocks: 24,
                 block_size: bs,
                 num_kv_heads,
                 head_dim: hd,
+                dtype,
             };
             let heads = AttnHeads {
                 num_heads,
@@ -572,7 +674,7 @@ mod tests {
                 scale: 1.0 / (hd as f32).sqrt(),
             };
             // Random everywhere: stale entries outside the sequences must not matter.
-            let (kc, vc) = (lcg(7, layout.len()), lcg(8, layout.len()));
+            let (kc, vc) = (random_cache(&layout, 7), random_cache(&layout, 8));
             let table_a: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 24).collect();
             let table_b: Vec<u32> = (0..12).map(|i| (i * 5 + 1) % 24).collect();
             let ctx = 12 * bs;
@@ -613,7 +715,7 @@ mod tests {
                         for (d, (a, b)) in out[at..at + hd].iter().zip(&want).enumerate() {
                             assert!(
                                 (a - b).abs() < 1e-4,
-                                "{isa:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} row {r} head {h} dim {d}: {a} vs {b}"
+                                "{isa:?} {dtype:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} row {r} head {h} dim {d}: {a} vs {b}"
                             );
                         }
                     }
@@ -624,7 +726,7 @@ mod tests {
                         None => first = Some(out),
                         Some(f) => assert!(
                             f.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{isa:?} differs from AVX2 ({num_heads}/{num_kv_heads} hd {hd} bs {bs})"
+                            "{isa:?} differs from AVX2 ({dtype:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs})"
                         ),
                     }
                 }
@@ -634,12 +736,13 @@ mod tests {
 
     #[test]
     fn a_row_gets_the_same_bits_alone_as_in_a_prefill_chunk() {
-        for (num_heads, num_kv_heads, hd, bs) in SHAPES {
+        for ((num_heads, num_kv_heads, hd, bs), dtype) in cases() {
             let layout = KvLayout {
                 num_blocks: 10,
                 block_size: bs,
                 num_kv_heads,
                 head_dim: hd,
+                dtype,
             };
             let heads = AttnHeads {
                 num_heads,
@@ -647,7 +750,7 @@ mod tests {
                 head_dim: hd,
                 scale: 0.2,
             };
-            let (kc, vc) = (lcg(11, layout.len()), lcg(12, layout.len()));
+            let (kc, vc) = (random_cache(&layout, 11), random_cache(&layout, 12));
             let table: Vec<u32> = (0..10).rev().collect();
             let width = num_heads * hd;
             let rows = 9;
@@ -684,7 +787,7 @@ mod tests {
                             .iter()
                             .zip(&chunk[r * width..])
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{isa:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} row {r}"
+                        "{isa:?} {dtype:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} row {r}"
                     );
                 }
             }

@@ -8,7 +8,7 @@
 
 use super::pool;
 use super::simd::{self, Isa, Portable, Simd};
-use crate::layout::{KvLayout, Rope};
+use crate::layout::{KvDType, KvLayout, Rope};
 use crate::weight::WeightData;
 
 /// Rows per task for row-wise kernels; below this a single thread is faster.
@@ -109,7 +109,7 @@ unsafe fn silu_mul_lanes<S: Simd>(g: &[f32], u: &[f32], o: &mut [f32]) {
     }
 }
 
-/// Stores new keys and values at their slots.
+/// Stores new keys and values at their slots, in the cache's element type.
 pub(crate) fn write_kv(
     k: &[f32],
     v: &[f32],
@@ -117,6 +117,29 @@ pub(crate) fn write_kv(
     layout: &KvLayout,
     k_cache: &mut [f32],
     v_cache: &mut [f32],
+) {
+    match layout.dtype {
+        KvDType::F32 => write_kv_as(k, v, slots, layout, k_cache, v_cache, |x| x),
+        KvDType::F16 => write_kv_as(
+            k,
+            v,
+            slots,
+            layout,
+            bytemuck::cast_slice_mut::<f32, u16>(k_cache),
+            bytemuck::cast_slice_mut::<f32, u16>(v_cache),
+            |x| half::f16::from_f32(x).to_bits(),
+        ),
+    }
+}
+
+fn write_kv_as<E: Copy>(
+    k: &[f32],
+    v: &[f32],
+    slots: &[u32],
+    layout: &KvLayout,
+    k_cache: &mut [E],
+    v_cache: &mut [E],
+    conv: impl Fn(f32) -> E,
 ) {
     let hd = layout.head_dim;
     let width = layout.num_kv_heads * hd;
@@ -131,10 +154,12 @@ pub(crate) fn write_kv(
             // Keys transposed within the block (see `KvLayout::key_offset`), values as rows.
             let k0 = layout.key_offset(block, h, s);
             for (d, &x) in k[src..src + hd].iter().enumerate() {
-                k_cache[k0 + d * layout.block_size] = x;
+                k_cache[k0 + d * layout.block_size] = conv(x);
             }
             let off = layout.offset(block, h, s);
-            v_cache[off..off + hd].copy_from_slice(&v[src..src + hd]);
+            for (o, &x) in v_cache[off..off + hd].iter_mut().zip(&v[src..src + hd]) {
+                *o = conv(x);
+            }
         }
     }
 }
@@ -248,6 +273,42 @@ mod tests {
         // pair (0, 1) rotated by 90°, pair (2, 3) by 0.
         assert!((y[0] - 0.0).abs() < 1e-6 && (y[1] - 1.0).abs() < 1e-6);
         assert_eq!((y[2], y[3]), (0.0, 1.0));
+    }
+
+    #[test]
+    fn kv_writes_keys_transposed_and_values_as_rows_in_either_element_type() {
+        for dtype in [KvDType::F32, KvDType::F16] {
+            let l = KvLayout {
+                num_blocks: 3,
+                block_size: 4,
+                num_kv_heads: 2,
+                head_dim: 3,
+                dtype,
+            };
+            let (mut kc, mut vc) = (vec![0.0f32; l.storage_words()], vec![0.0f32; l.storage_words()]);
+            // Two rows (slots 9 and 2), each with 2 heads × 3 dims.
+            let k: Vec<f32> = (0..12).map(|i| i as f32 + 0.1).collect();
+            let v: Vec<f32> = (0..12).map(|i| -(i as f32) - 0.1).collect();
+            write_kv(&k, &v, &[9, 2], &l, &mut kc, &mut vc);
+            let read = |buf: &[f32], i: usize| match dtype {
+                KvDType::F32 => buf[i],
+                KvDType::F16 => half::f16::from_bits(bytemuck::cast_slice::<f32, u16>(buf)[i]).to_f32(),
+            };
+            let round = |x: f32| match dtype {
+                KvDType::F32 => x,
+                KvDType::F16 => half::f16::from_f32(x).to_f32(),
+            };
+            for (r, slot) in [9usize, 2].into_iter().enumerate() {
+                for h in 0..2 {
+                    for d in 0..3 {
+                        let src = r * 6 + h * 3 + d;
+                        let (b, s) = (slot / 4, slot % 4);
+                        assert_eq!(read(&kc, l.key_offset(b, h, s) + d * 4), round(k[src]));
+                        assert_eq!(read(&vc, l.offset(b, h, s) + d), round(v[src]));
+                    }
+                }
+            }
+        }
     }
 
     #[test]

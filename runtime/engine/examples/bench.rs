@@ -3,7 +3,10 @@
 //!
 //! ```text
 //! cargo run --release -p modelfleet-engine --example bench -- DIR [--threads N] [--prompt N] [--gen N] [--batch B]
+//!     [--kv-f16]
 //! ```
+//!
+//! `--kv-f16` keeps the KV cache in f16 (`serve --kv-cache-dtype float16`).
 //!
 //! Reports prefill tokens/s (one prompt of `--prompt` tokens in one step, after one untimed warm-up
 //! prefill) and decode tokens/s
@@ -14,8 +17,8 @@
 //! are bit-identical to the batched run (batch invariance on real weights, e.g. SmolLM2's GGUF).
 
 use modelfleet_engine::ModelDir;
-use modelfleet_engine::kernels::Kernels;
 use modelfleet_engine::kernels::cpu::CpuKernels;
+use modelfleet_engine::kernels::{Kernels, KvDType};
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
 use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
 use std::time::Instant;
@@ -37,6 +40,11 @@ fn argmax(v: &[f32]) -> u32 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let check = args.iter().any(|a| a == "--check-invariance");
+    let kv_dtype = if args.iter().any(|a| a == "--kv-f16") {
+        KvDType::F16
+    } else {
+        KvDType::F32
+    };
     let dir = args
         .get(1)
         .ok_or("usage: bench DIR [--threads N] [--prompt N] [--gen N] [--batch B]")?;
@@ -52,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let block = 16;
     let blocks = batch * (prompt_len + steps).div_ceil(block) + 1;
     let mut kv = KvCacheManager::new(FreeListPool::new(blocks), block);
-    let mut cache = model.new_kv_cache(&kernels, blocks, block);
+    let mut cache = model.new_kv_cache_as(&kernels, blocks, block, kv_dtype);
     println!("{} | {}", kernels.describe(), dir);
 
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(prompt_len);
@@ -145,7 +153,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Each sequence again, alone, from its prompt: every decode step must match bit for bit.
         for (b, s) in seqs.iter().enumerate() {
             let mut kv = KvCacheManager::new(FreeListPool::new(blocks), block);
-            let mut cache = model.new_kv_cache(&kernels, blocks, block);
+            let mut cache = model.new_kv_cache_as(&kernels, blocks, block, kv_dtype);
             let n_prompt = s.len() - steps;
             for (step, want) in batched_logits[b].iter().enumerate() {
                 let pos = if step == 0 { 0 } else { n_prompt + step - 1 };

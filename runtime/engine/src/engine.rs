@@ -12,8 +12,8 @@ use crate::kv::KvCache;
 use crate::lora::LoraAdapter;
 use crate::model::lora::LoraWeights;
 use crate::model::{LlamaModel, Logits, SeqInput};
-use modelfleet_kernels::Kernels;
 use modelfleet_kernels::cpu::CpuKernels;
+use modelfleet_kernels::{Kernels, KvDType};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -34,6 +34,8 @@ pub struct EngineConfig {
     /// LoRA adapters kept uploaded to the kernels backend (`--max-loras`; the scheduler puts at most
     /// this many in one step).
     pub max_loras: usize,
+    /// Element type of the KV cache (`--kv-cache-dtype`).
+    pub kv_cache_dtype: KvDType,
 }
 
 impl Default for EngineConfig {
@@ -45,6 +47,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             max_num_seqs: 4,
             max_loras: 4,
+            kv_cache_dtype: KvDType::F32,
         }
     }
 }
@@ -94,7 +97,7 @@ impl<K: Kernels> Engine<K> {
             .num_kv_blocks
             .unwrap_or(cfg.max_num_seqs.max(1) * max_model_len.div_ceil(cfg.block_size));
         let model = LlamaModel::load(&kernels, model_dir.config.clone(), &model_dir.weights)?;
-        let cache = model.new_kv_cache(&kernels, blocks, cfg.block_size);
+        let cache = model.new_kv_cache_as(&kernels, blocks, cfg.block_size, cfg.kv_cache_dtype);
         let mut model_dir = model_dir;
         model_dir.weights.release_maps();
         Ok(Self {

@@ -1,10 +1,12 @@
 //! Forward-pass properties on small random models written to a temporary directory: batch invariance
 //! (bit-identical logits alone or in any batch), chunked prefill and decode agreeing bit for bit with one
-//! full prefill, weights in f16/bf16 close to f32, and malformed batches reported as errors.
+//! full prefill, weights in f16/bf16 and an f16 KV cache close to f32, and malformed batches reported as
+//! errors.
 
 use modelfleet_engine::EngineError;
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
 use modelfleet_engine::model::{LlamaModel, LogitsRows, ModelConfig, SeqInput, Weights};
+use modelfleet_kernels::KvDType;
 use modelfleet_kernels::cpu::CpuKernels;
 use safetensors::tensor::{Dtype, TensorView};
 use std::path::Path;
@@ -121,8 +123,13 @@ fn prompt(seed: u64, n: usize) -> Vec<u32> {
 
 /// Runs each sequence's full prompt in one prefill with all logits.
 fn alone(f: &Fixture, tokens: &[u32]) -> Vec<f32> {
+    alone_as(f, tokens, KvDType::F32)
+}
+
+/// [`alone`] with a KV cache of `dtype`.
+fn alone_as(f: &Fixture, tokens: &[u32], dtype: KvDType) -> Vec<f32> {
     let mut kv = KvCacheManager::new(FreeListPool::new(64), 4);
-    let mut cache = f.model.new_kv_cache(&f.kernels, 64, 4);
+    let mut cache = f.model.new_kv_cache_as(&f.kernels, 64, 4, dtype);
     let table = kv.allocate_slots(1, 0, tokens.len()).unwrap().to_vec();
     let seq = SeqInput {
         tokens,
@@ -144,13 +151,19 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn logits_are_bit_identical_alone_or_in_a_mixed_batch() {
+    for dtype in [KvDType::F32, KvDType::F16] {
+        mixed_batch_matches_alone(dtype);
+    }
+}
+
+fn mixed_batch_matches_alone(dtype: KvDType) {
     let f = fixture(Dtype::F32, 2);
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(i, 3 + 7 * i as usize)).collect();
-    let want: Vec<Vec<f32>> = prompts.iter().map(|p| alone(&f, p)).collect();
+    let want: Vec<Vec<f32>> = prompts.iter().map(|p| alone_as(&f, p, dtype)).collect();
     // The same sequences in one cache, advanced in steps of different sizes so that every step mixes
     // prefill chunks and single decode tokens of different sequences.
     let mut kv = KvCacheManager::new(FreeListPool::new(64), 4);
-    let mut cache = f.model.new_kv_cache(&f.kernels, 64, 4);
+    let mut cache = f.model.new_kv_cache_as(&f.kernels, 64, 4, dtype);
     let mut done = vec![0usize; prompts.len()];
     let mut got: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
     let mut step = 0;
@@ -187,7 +200,32 @@ fn logits_are_bit_identical_alone_or_in_a_mixed_batch() {
         step += 1;
     }
     for i in 0..prompts.len() {
-        assert_eq!(bits(&got[i]), bits(&want[i]), "sequence {i}");
+        assert_eq!(bits(&got[i]), bits(&want[i]), "{dtype:?} cache, sequence {i}");
+    }
+}
+
+#[test]
+fn an_f16_kv_cache_tracks_f32() {
+    let f = fixture(Dtype::F32, 2);
+    for seed in 0..4 {
+        let p = prompt(20 + seed, 30);
+        let (a, b) = (alone(&f, &p), alone_as(&f, &p, KvDType::F16));
+        let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+        let spread = a.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(
+            max < 0.01 * spread.max(1.0),
+            "max |Δ| {max} (logits up to {spread})"
+        );
+        assert!(max > 0.0, "the cache really is f16");
+        for (r, (x, y)) in a.chunks(VOCAB).zip(b.chunks(VOCAB)).enumerate() {
+            let top = |v: &[f32]| (0..VOCAB).fold(0, |m, i| if v[i] > v[m] { i } else { m });
+            let (tx, ty) = (top(x), top(y));
+            // The same top token, unless the f32 logits are a near tie.
+            assert!(
+                tx == ty || (x[tx] - x[ty]).abs() < 2.0 * max,
+                "row {r}: {tx} vs {ty}"
+            );
+        }
     }
 }
 

@@ -219,7 +219,7 @@ async fn sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_larger_than_the_kv_pool_is_a_413_not_a_500() {
+async fn a_request_larger_than_the_kv_pool_is_a_413_not_a_500_with_either_cache_dtype() {
     let _shared = TIMING.read().await;
     // 8 blocks of 16 tokens: the pool holds 128 tokens, less than the model's context.
     let s = common::start(&["--num-kv-blocks", "8", "--block-size", "16"], |_| vec![]);
@@ -237,6 +237,24 @@ async fn a_request_larger_than_the_kv_pool_is_a_413_not_a_500() {
     );
     let (status, _, v, _) = one(&c, &url, &chat_body(16)).await;
     assert_eq!(status, 200, "a request that fits is served: {v}");
+    // The same pool in f16 (`--kv-cache-dtype float16`) serves the same way.
+    let s16 = common::start(
+        &[
+            "--num-kv-blocks",
+            "8",
+            "--block-size",
+            "16",
+            "--kv-cache-dtype",
+            "float16",
+        ],
+        |_| vec![],
+    );
+    let url16 = format!("{}/v1/chat/completions", s16.base());
+    let (status, _, v, _) = one(&c, &url16, &chat_body(200)).await;
+    assert_eq!(status, 413, "{v}");
+    let (status, _, v, _) = one(&c, &url16, &chat_body(16)).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

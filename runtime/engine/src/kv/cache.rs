@@ -21,13 +21,17 @@ impl<K: Kernels> KvCache<K> {
     pub fn new(kernels: &K, num_layers: usize, layout: KvLayout) -> Self {
         Self {
             layout,
-            k: (0..num_layers).map(|_| kernels.alloc(layout.len())).collect(),
-            v: (0..num_layers).map(|_| kernels.alloc(layout.len())).collect(),
+            k: (0..num_layers)
+                .map(|_| kernels.alloc(layout.storage_words()))
+                .collect(),
+            v: (0..num_layers)
+                .map(|_| kernels.alloc(layout.storage_words()))
+                .collect(),
         }
     }
 
-    /// Bytes of storage (f32 K and V over all layers).
+    /// Bytes of storage (K and V over all layers, in the layout's element type).
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.layout.len() * 4
+        2 * self.k.len() * self.layout.bytes()
     }
 }

@@ -22,7 +22,7 @@ use super::weights::Weights;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::lora::Target;
-use modelfleet_kernels::{AttnHeads, AttnSeq, Kernels, KvLayout, Rope};
+use modelfleet_kernels::{AttnHeads, AttnSeq, Kernels, KvDType, KvLayout, Rope};
 use std::sync::Mutex;
 
 /// Per-pair RoPE frequency divisors (GGUF, llama3 scaling).
@@ -118,13 +118,25 @@ impl<K: Kernels> LlamaModel<K> {
         &self.config
     }
 
-    /// KV-cache storage for this model: `num_blocks` blocks of `block_size` tokens.
+    /// KV-cache storage for this model: `num_blocks` blocks of `block_size` tokens, f32 elements.
     pub fn new_kv_cache(&self, kernels: &K, num_blocks: usize, block_size: usize) -> KvCache<K> {
+        self.new_kv_cache_as(kernels, num_blocks, block_size, KvDType::F32)
+    }
+
+    /// [`Self::new_kv_cache`] with elements of `dtype`.
+    pub fn new_kv_cache_as(
+        &self,
+        kernels: &K,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDType,
+    ) -> KvCache<K> {
         let layout = KvLayout {
             num_blocks,
             block_size,
             num_kv_heads: self.config.num_kv_heads,
             head_dim: self.config.head_dim,
+            dtype,
         };
         KvCache::new(kernels, self.config.num_layers, layout)
     }

@@ -16,6 +16,7 @@ pub mod state;
 
 use crate::tenants::{self, Auth};
 use anyhow::{Context, bail};
+use modelfleet_engine::kernels::KvDType;
 use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::sched::{EngineHandle, FinishHook, QueueLimits, SchedulerConfig};
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
@@ -29,6 +30,19 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// `serve` flags; each can also come from `MODELFLEET_<FLAG_IN_CAPS>`.
+/// `--kv-cache-dtype` (vLLM's flag; `auto` is the engine's compute type, f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheDType {
+    /// The compute type (f32).
+    Auto,
+    /// 32-bit floats.
+    #[value(alias = "f32")]
+    Float32,
+    /// IEEE half precision.
+    #[value(alias = "f16", alias = "half")]
+    Float16,
+}
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     /// A Hugging Face model directory, a `.gguf` file, or a directory holding exactly one.
@@ -76,6 +90,11 @@ pub struct ServeArgs {
     /// Tokens per KV block.
     #[arg(long, env = "MODELFLEET_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
+    /// Element type of the KV cache: `auto` and `float32` keep exactly what the model computed;
+    /// `float16` (llama.cpp's default cache type) halves the cache's memory and the bytes attention
+    /// reads, rounding each cached key and value to f16.
+    #[arg(long, env = "MODELFLEET_KV_CACHE_DTYPE", value_enum, default_value = "auto")]
+    pub kv_cache_dtype: KvCacheDType,
     /// KV blocks (default: enough for `--max-num-seqs` sequences of 2,048 tokens or the context, if
     /// shorter).
     #[arg(long, env = "MODELFLEET_NUM_KV_BLOCKS")]
@@ -213,6 +232,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (threads, block_size, max_num_seqs) = (args.threads, args.block_size, args.max_num_seqs);
     let (num_kv_blocks, max_model_len) = (args.num_kv_blocks, args.max_model_len);
     let max_loras = args.max_loras;
+    let kv_cache_dtype = match args.kv_cache_dtype {
+        KvCacheDType::Auto | KvCacheDType::Float32 => KvDType::F32,
+        KvCacheDType::Float16 => KvDType::F16,
+    };
     let max_cpu_loras = args.max_cpu_loras.unwrap_or(max_loras);
     if max_loras == 0 || max_cpu_loras < max_loras || !(1..=512).contains(&args.max_lora_rank) {
         bail!(
@@ -257,6 +280,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_model_len,
             max_num_seqs,
             max_loras,
+            kv_cache_dtype,
         };
         let kernels = CpuKernels::new(threads);
         eprintln!(
