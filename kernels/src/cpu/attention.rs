@@ -382,12 +382,13 @@ unsafe fn heads<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
                 let s = &scores[g][at..at + c.len];
                 let cmax = s.iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
                 let m_new = m[g].max(cmax);
-                let corr = (m[g] - m_new).exp();
-                l[g] *= corr;
-                unsafe {
-                    simd::scale::<S>(corr, &mut out[g * hd..(g + 1) * hd]);
-                    simd::exp_shifted::<S>(s, m_new, &mut probs[g][..c.len]);
+                // An unchanged maximum rescales by e^0 = 1 exactly: skipped, with the same result.
+                if m_new != m[g] {
+                    let corr = (m[g] - m_new).exp();
+                    l[g] *= corr;
+                    unsafe { simd::scale::<S>(corr, &mut out[g * hd..(g + 1) * hd]) };
                 }
+                unsafe { simd::exp_shifted::<S>(s, m_new, &mut probs[g][..c.len]) };
                 for &p in &probs[g][..c.len] {
                     l[g] += p;
                 }
