@@ -3,7 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The canonical content digest: `sha256:` followed by 64 lower-case hex digits (see DESIGN.md).
+/// The canonical content digest: `sha256:` followed by 64 lower-case hex digits (see docs/design.md).
 pub const DIGEST_PATTERN: &str = "^sha256:[0-9a-f]{64}$";
 
 /// URI schemes an artifact may come from: a local path, HTTP(S), or a Hugging Face repository at a revision.

@@ -9,7 +9,7 @@ use super::decide::Sample;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Metric names, as the runtime exports them (DESIGN.md).
+/// Metric names, as the runtime exports them (docs/design.md).
 pub const WAITING: &str = "modelfleet_requests_waiting";
 /// Requests being generated.
 pub const RUNNING: &str = "modelfleet_requests_running";

@@ -2,7 +2,7 @@
 //! template, EOS ids), the kernels backend, the weights uploaded to it and the KV-cache storage — with
 //! [`Engine::step`] running one ragged batch.
 //!
-//! Invariants: only the step loop touches an `Engine` (DESIGN.md: "one thread owns the engine"), so it
+//! Invariants: only the step loop touches an `Engine` (docs/design.md: "one thread owns the engine"), so it
 //! needs no locks; the KV storage is sized once at load from [`EngineConfig`] and never reallocated;
 //! `max_model_len` never exceeds the model's `max_position_embeddings`.
 

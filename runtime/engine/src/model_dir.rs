@@ -1,4 +1,4 @@
-//! A model loaded as a whole from what `serve --model PATH` names (DESIGN.md): a Hugging Face directory
+//! A model loaded as a whole from what `serve --model PATH` names (docs/design.md): a Hugging Face directory
 //! (`config.json`, the safetensors weights — mapped, not yet uploaded to a backend — `tokenizer.json`,
 //! `tokenizer_config.json` with the chat template and BOS/EOS, `generation_config.json`), a single
 //! `.gguf` file, or a directory holding exactly one `.gguf` file (config, tokenizer and template then

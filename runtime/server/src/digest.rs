@@ -1,4 +1,4 @@
-//! The canonical content digest of an artifact (DESIGN.md, "Canonical digest").
+//! The canonical content digest of an artifact (docs/design.md, "Canonical digest").
 //!
 //! `sha256:` + hex SHA-256 of the UTF-8 manifest made of one line per regular file (hidden files
 //! included), `<hex sha256 of file>  <path relative to the root, '/'-separated>\n`, lines sorted by path
@@ -129,7 +129,7 @@ mod tests {
         fs::write(p, bytes).unwrap();
     }
 
-    /// The fixed test vector of DESIGN.md: a small tree and its expected digest. The expected value was
+    /// The fixed test vector of docs/design.md: a small tree and its expected digest. The expected value was
     /// computed independently with coreutils: `(cd tree && find . -type f | sed 's|^./||' | LC_ALL=C sort |
     /// while read f; do printf '%s  %s\n' "$(sha256sum "$f" | cut -d' ' -f1)" "$f"; done) | sha256sum`.
     #[test]

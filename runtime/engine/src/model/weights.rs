@@ -7,7 +7,7 @@
 //! accepted, other dtypes are refused naming the tensor and file; a tensor's byte range is checked
 //! against its header shape before use. Mapping is `unsafe` in `memmap2` because another process could
 //! truncate the file underneath us: model files are immutable artifacts verified by digest
-//! (DESIGN.md, "Canonical digest"), which is the contract that makes this sound in practice.
+//! (docs/design.md, "Canonical digest"), which is the contract that makes this sound in practice.
 
 use crate::error::{EngineError, Result, parse_json, read_to_string};
 use modelfleet_kernels::{ByteSource, DType, HostWeight};
