@@ -1,11 +1,13 @@
 //! The `modelfleet-runtime` binary's library: everything the runtime pod does around the engine.
 //!
-//! - [`api`]: OpenAI request parsing (unknown and unsupported fields refused by name) and error mapping.
-//! - [`digest`]: the canonical content digest of a model or adapter (DESIGN.md, "Canonical digest").
+//! - [`api`]: the `modelfleet-api` crate (shared with the gateway): OpenAI request parsing (unknown and
+//!   unsupported fields refused by name), response bodies, the error mapping, metric names.
+//! - [`digest`]: the canonical content digest of a model or adapter (docs/design.md, "Canonical digest").
 //! - [`fetch`]: download or copy an artifact, verify its digest, then put it in place (init container).
 //! - [`fetch_cmd`]: the `fetch` command line.
-//! - [`metrics`]: the runtime's Prometheus metrics (DESIGN.md names) and their vLLM aliases.
-//! - [`tenants`]: API keys → tenant ids from the tenants file, reloaded on change (Secret rotation).
+//! - [`metrics`]: the runtime's Prometheus metrics (docs/design.md names) and their vLLM aliases.
+//! - [`tenants`]: API keys → tenant ids from the tenants file, reloaded on change (Secret rotation);
+//!   also from `modelfleet-api`.
 //! - [`gen_model`]: `gen-model`, random-weight Llama-family models of real shapes in Hugging Face layout.
 //!
 //! - [`serve`]: `serve`, the OpenAI-compatible server around the engine, and its admin listener.
@@ -15,7 +17,7 @@
 //!   start-up list and per-adapter metrics.
 
 pub mod adapters;
-pub mod api;
+pub use modelfleet_api as api;
 pub mod digest;
 pub mod fetch;
 pub mod fetch_cmd;
@@ -23,4 +25,4 @@ pub mod gen_adapter;
 pub mod gen_model;
 pub mod metrics;
 pub mod serve;
-pub mod tenants;
+pub use modelfleet_api::tenants;

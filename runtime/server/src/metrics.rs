@@ -1,4 +1,4 @@
-//! The runtime's Prometheus metrics, with the names fixed by DESIGN.md, `model` and `tenant` labels where
+//! The runtime's Prometheus metrics, with the names fixed by docs/design.md, `model` and `tenant` labels where
 //! they apply, and the vLLM-compatible aliases (`vllm:num_requests_waiting`, `vllm:num_requests_running`,
 //! `vllm:kv_cache_usage_perc`) so existing dashboards, KEDA triggers and the Gateway API inference
 //! extension work unchanged.
@@ -7,6 +7,7 @@
 //! else); `kv_cache_usage_ratio` counts blocks referenced by live requests only (evictable cached blocks
 //! do not count); every counter only grows; label values are tenant ids and served names, never keys.
 
+use modelfleet_api::metric_names as names;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -84,84 +85,80 @@ impl Default for RuntimeMetrics {
         let m = RuntimeMetrics {
             registry: Registry::new(),
             requests_waiting: gauge(
-                "modelfleet_requests_waiting",
+                names::REQUESTS_WAITING,
                 "Requests waiting to be scheduled",
                 &["model"],
             ),
-            requests_running: gauge(
-                "modelfleet_requests_running",
-                "Requests being generated",
-                &["model"],
-            ),
+            requests_running: gauge(names::REQUESTS_RUNNING, "Requests being generated", &["model"]),
             kv_cache_usage_ratio: fgauge(
-                "modelfleet_kv_cache_usage_ratio",
+                names::KV_CACHE_USAGE_RATIO,
                 "KV blocks referenced by live requests / total blocks (evictable cached blocks excluded)",
                 &["model"],
             ),
             kv_cache_cached_blocks: gauge(
-                "modelfleet_kv_cache_cached_blocks",
+                names::KV_CACHE_CACHED_BLOCKS,
                 "Evictable KV blocks holding a cached prefix",
                 &["model"],
             ),
             prefix_cache_queries: counter(
-                "modelfleet_prefix_cache_queries_total",
+                names::PREFIX_CACHE_QUERIES,
                 "Prompt tokens looked up in the prefix cache",
                 mt,
             ),
             prefix_cache_hits: counter(
-                "modelfleet_prefix_cache_hits_total",
+                names::PREFIX_CACHE_HITS,
                 "Prompt tokens found in the prefix cache",
                 mt,
             ),
             time_to_first_token: histogram(
-                "modelfleet_time_to_first_token_seconds",
+                names::TIME_TO_FIRST_TOKEN,
                 "Time from arrival to the first generated token",
                 LATENCY_BUCKETS,
             ),
             inter_token_latency: histogram(
-                "modelfleet_inter_token_latency_seconds",
+                names::INTER_TOKEN_LATENCY,
                 "Time between consecutive generated tokens",
                 ITL_BUCKETS,
             ),
             request_latency: histogram(
-                "modelfleet_request_latency_seconds",
+                names::REQUEST_LATENCY,
                 "Time from arrival to the last token",
                 LATENCY_BUCKETS,
             ),
             queue_time: histogram(
-                "modelfleet_queue_time_seconds",
+                names::QUEUE_TIME,
                 "Time spent waiting before the first step",
                 LATENCY_BUCKETS,
             ),
-            prompt_tokens: counter("modelfleet_prompt_tokens_total", "Prompt tokens processed", mt),
+            prompt_tokens: counter(names::PROMPT_TOKENS, "Prompt tokens processed", mt),
             cached_prompt_tokens: counter(
-                "modelfleet_cached_prompt_tokens_total",
+                names::CACHED_PROMPT_TOKENS,
                 "Prompt tokens served from the prefix cache",
                 mt,
             ),
-            generation_tokens: counter("modelfleet_generation_tokens_total", "Tokens generated", mt),
+            generation_tokens: counter(names::GENERATION_TOKENS, "Tokens generated", mt),
             requests: counter(
-                "modelfleet_requests_total",
+                names::REQUESTS,
                 "Finished requests by finish reason",
                 &["model", "tenant", "finish_reason"],
             ),
             requests_rejected: counter(
-                "modelfleet_requests_rejected_total",
+                names::REQUESTS_REJECTED,
                 "Requests refused before generation, by reason",
                 &["model", "tenant", "reason"],
             ),
             vllm_waiting: gauge(
-                "vllm:num_requests_waiting",
+                names::VLLM_REQUESTS_WAITING,
                 "Alias of modelfleet_requests_waiting",
                 &["model_name"],
             ),
             vllm_running: gauge(
-                "vllm:num_requests_running",
+                names::VLLM_REQUESTS_RUNNING,
                 "Alias of modelfleet_requests_running",
                 &["model_name"],
             ),
             vllm_kv_usage: fgauge(
-                "vllm:kv_cache_usage_perc",
+                names::VLLM_KV_CACHE_USAGE,
                 "Alias of modelfleet_kv_cache_usage_ratio (0-1)",
                 &["model_name"],
             ),

@@ -1,5 +1,5 @@
 //! The admin listener (its own port, its own bearer token from `--admin-token-file`): the adapter API
-//! of DESIGN.md — `GET /v1/adapters`, `POST /v1/adapters {name, uri, digest, tenants}` (fetch, verify,
+//! of docs/design.md — `GET /v1/adapters`, `POST /v1/adapters {name, uri, digest, tenants}` (fetch, verify,
 //! check against the base model, publish; 201 for a new name or generation, 200 when that name and
 //! digest were already loaded), `DELETE /v1/adapters/{name}`.
 //!

@@ -1,4 +1,4 @@
-//! `modelfleet-runtime serve`: the OpenAI-compatible server around the engine (DESIGN.md, "Runtime
+//! `modelfleet-runtime serve`: the OpenAI-compatible server around the engine (docs/design.md, "Runtime
 //! HTTP API"), and its admin listener.
 //!
 //! Start-up: verify the model's canonical digest against `--digest` (refuse to serve on a mismatch,

@@ -1,6 +1,6 @@
 //! OpenAI response bodies (what the server writes), shared by the handlers and the OpenAPI document.
 //! Field names and shapes are OpenAI's; `finish_reason` adds `cancelled`, `timeout` and `error`
-//! (DESIGN.md), and `usage.prompt_tokens_details.cached_tokens` reports prefix-cache hits.
+//! (docs/design.md), and `usage.prompt_tokens_details.cached_tokens` reports prefix-cache hits.
 
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -228,7 +228,7 @@ pub struct DetokenizeResponse {
     pub prompt: String,
 }
 
-/// The error body (`{"error": {…}}`), for the OpenAPI document; [`super::error::ApiError`] writes it.
+/// The error body (`{"error": {…}}`), for the OpenAPI document; [`crate::error::ApiError`] writes it.
 #[derive(Serialize, JsonSchema, Clone, Debug, PartialEq)]
 pub struct ErrorBody {
     /// The error.

@@ -7,7 +7,7 @@
 //! are refused by name; harmless bookkeeping fields (`user`, `store`, `metadata`) are accepted and unused.
 //! Range checks of sampling parameters live with the engine's `SamplingParams` validation.
 
-use super::error::ApiError;
+use crate::error::ApiError;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;

@@ -1,5 +1,5 @@
 //! The one mapping from failures to HTTP: OpenAI's error shape `{"error": {message, type, param, code}}`
-//! with the status codes of DESIGN.md, for JSON answers and SSE streams alike.
+//! with the status codes of docs/design.md, for JSON answers and SSE streams alike.
 //!
 //! Invariants: bad input is never a 500; messages name the field and the limit; a 429 always carries
 //! `Retry-After`; nothing secret (keys, file contents) is ever put in a message.
@@ -151,6 +151,7 @@ impl ApiError {
     }
 }
 
+#[cfg(feature = "axum")]
 impl axum::response::IntoResponse for ApiError {
     fn into_response(self) -> axum::response::Response {
         let status = axum::http::StatusCode::from_u16(self.status())

@@ -1,0 +1,17 @@
+//! `modelfleet-api`: what the runtime server (`modelfleet-runtime serve`) and the fleet gateway
+//! (`modelfleet-gateway`) share, so both speak one API with one set of errors.
+//!
+//! - [`wire`]: OpenAI request bodies, parsed strictly (unknown and unsupported fields refused by name).
+//! - [`response`]: the response bodies (also the OpenAPI schemas).
+//! - [`error`]: the one mapping from failures to OpenAI's error shape and HTTP status codes (with the
+//!   `axum` feature, `IntoResponse` for it).
+//! - [`tenants`]: the tenants file (API keys → tenants and quotas), parsed and checked in constant time.
+//! - [`metric_names`]: metric names the runtime exports and the gateway and operator read.
+//!
+//! Invariants: no engine, no HTTP server state; nothing here logs or echoes an API key.
+
+pub mod error;
+pub mod metric_names;
+pub mod response;
+pub mod tenants;
+pub mod wire;

@@ -1,0 +1,55 @@
+//! Metric names that more than one binary reads or writes: the runtime pod exports them, the gateway
+//! and the operator scrape them, the Helm chart's dashboard and the docs query them. One place, so a
+//! rename cannot leave a reader behind (`docs/operations.md` lists them with their labels).
+
+/// Requests waiting to be scheduled on a runtime pod (gauge, `model`).
+pub const REQUESTS_WAITING: &str = "modelfleet_requests_waiting";
+/// Requests being generated on a runtime pod (gauge, `model`).
+pub const REQUESTS_RUNNING: &str = "modelfleet_requests_running";
+/// KV blocks referenced by live requests ÷ total (gauge 0–1, `model`).
+pub const KV_CACHE_USAGE_RATIO: &str = "modelfleet_kv_cache_usage_ratio";
+/// Evictable KV blocks holding a cached prefix (gauge, `model`).
+pub const KV_CACHE_CACHED_BLOCKS: &str = "modelfleet_kv_cache_cached_blocks";
+/// Prompt tokens looked up in the prefix cache (counter, `model`, `tenant`).
+pub const PREFIX_CACHE_QUERIES: &str = "modelfleet_prefix_cache_queries_total";
+/// Prompt tokens found in the prefix cache (counter, `model`, `tenant`).
+pub const PREFIX_CACHE_HITS: &str = "modelfleet_prefix_cache_hits_total";
+/// Arrival to first token (histogram, `model`, `tenant`).
+pub const TIME_TO_FIRST_TOKEN: &str = "modelfleet_time_to_first_token_seconds";
+/// Between consecutive tokens (histogram, `model`, `tenant`).
+pub const INTER_TOKEN_LATENCY: &str = "modelfleet_inter_token_latency_seconds";
+/// Arrival to last token (histogram, `model`, `tenant`).
+pub const REQUEST_LATENCY: &str = "modelfleet_request_latency_seconds";
+/// Arrival to first step (histogram, `model`, `tenant`).
+pub const QUEUE_TIME: &str = "modelfleet_queue_time_seconds";
+/// Prompt tokens processed (counter, `model`, `tenant`).
+pub const PROMPT_TOKENS: &str = "modelfleet_prompt_tokens_total";
+/// Prompt tokens served from the prefix cache (counter, `model`, `tenant`).
+pub const CACHED_PROMPT_TOKENS: &str = "modelfleet_cached_prompt_tokens_total";
+/// Tokens generated (counter, `model`, `tenant`).
+pub const GENERATION_TOKENS: &str = "modelfleet_generation_tokens_total";
+/// Finished requests (counter, `model`, `tenant`, `finish_reason`).
+pub const REQUESTS: &str = "modelfleet_requests_total";
+/// Requests refused before generation (counter, `model`, `tenant`, `reason`).
+pub const REQUESTS_REJECTED: &str = "modelfleet_requests_rejected_total";
+
+/// vLLM's name for [`REQUESTS_WAITING`] (label `model_name`).
+pub const VLLM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
+/// vLLM's name for [`REQUESTS_RUNNING`] (label `model_name`).
+pub const VLLM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
+/// vLLM's name for [`KV_CACHE_USAGE_RATIO`] (label `model_name`).
+pub const VLLM_KV_CACHE_USAGE: &str = "vllm:kv_cache_usage_perc";
+
+/// Gateway: requests answered (counter, `namespace`, `model_deployment`, `tenant`, `outcome`).
+pub const GATEWAY_REQUESTS: &str = "modelfleet_gateway_requests_total";
+/// Gateway: routing decisions (counter, `model_deployment`, `decision` = affinity | overflow | only).
+pub const GATEWAY_ROUTE: &str = "modelfleet_gateway_route_total";
+/// Gateway: requests sent again to another pod before their first byte (counter, `model_deployment`).
+pub const GATEWAY_RETRIES: &str = "modelfleet_gateway_retries_total";
+/// Gateway: requests held while a deployment has no Ready pod (gauge, `namespace`,
+/// `model_deployment`); the operator scales from zero on it.
+pub const GATEWAY_PENDING_REQUESTS: &str = "modelfleet_gateway_pending_requests";
+/// Gateway: time from sending upstream to the first byte back (histogram, `model_deployment`).
+pub const GATEWAY_UPSTREAM_TTFT: &str = "modelfleet_gateway_upstream_ttft_seconds";
+/// Gateway: requests in flight per pod (gauge, `pod`).
+pub const GATEWAY_INFLIGHT: &str = "modelfleet_gateway_inflight";
