@@ -20,9 +20,19 @@ pub struct FetchArgs {
     /// Digest-keyed cache directory, re-verified and reused instead of downloading again.
     #[arg(long, env = "MODELFLEET_CACHE")]
     pub cache: Option<PathBuf>,
-    /// Hugging Face Hub endpoint for hf:// URIs.
+    /// Hugging Face Hub endpoint for hf:// URIs; the only origin `HF_TOKEN` is ever sent to.
     #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
     pub hf_endpoint: String,
+    /// Most bytes the artifact may have (all files together). Default: the free space of DEST's file
+    /// system (the operator passes the model volume's `sizeLimit` when it sets one).
+    #[arg(long, env = "MODELFLEET_MAX_BYTES")]
+    pub max_bytes: Option<u64>,
+    /// Longest the download and its verification may take, in seconds.
+    #[arg(long, env = "MODELFLEET_TIMEOUT_SECONDS", default_value_t = 3600)]
+    pub timeout_seconds: u64,
+    /// PEM file of certificates trusted for https besides the system's roots (a private mirror's CA).
+    #[arg(long, env = "MODELFLEET_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Where the one-line failure reason goes (written only if the file exists, as in a pod, unless the
     /// flag is given explicitly).
     #[arg(long, env = "MODELFLEET_TERMINATION_LOG")]
@@ -31,7 +41,8 @@ pub struct FetchArgs {
 
 const DEFAULT_TERMINATION_LOG: &str = "/dev/termination-log";
 
-/// Runs the command; the bearer token for remote sources comes from `HF_TOKEN` and is never printed.
+/// Runs the command; the bearer token comes from `HF_TOKEN`, goes only to `--hf-endpoint`'s origin and
+/// is never printed.
 pub fn run(args: FetchArgs) -> ExitCode {
     let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty());
     let result = Source::parse(&args.uri).and_then(|source| {
@@ -42,6 +53,11 @@ pub fn run(args: FetchArgs) -> ExitCode {
             cache: args.cache.clone(),
             hf_endpoint: args.hf_endpoint.clone(),
             token,
+            limits: crate::fetch::Limits {
+                max_bytes: args.max_bytes,
+                timeout: Some(std::time::Duration::from_secs(args.timeout_seconds.max(1))),
+            },
+            ca_file: args.ca_file.clone(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -1,5 +1,7 @@
 //! `fetch` against real sources: local files, and a local HTTP server that serves plain files, fails
-//! transiently, cuts bodies short (resume with `Range`), and serves the Hugging Face Hub layout.
+//! transiently, cuts bodies short (resume with `Range`), and serves the Hugging Face Hub layout; the
+//! byte and time limits; and where credentials go, with redirects to a local https listener and to
+//! another plain-http origin.
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -8,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use modelfleet_runtime::digest::digest_path;
-use modelfleet_runtime::fetch::{FetchError, FetchRequest, Fetched, Source, fetch};
+use modelfleet_runtime::fetch::{FetchError, FetchRequest, Fetched, Limits, Source, fetch};
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -178,6 +180,8 @@ fn request(uri: &str, digest: &str, dest: &Path) -> FetchRequest {
         cache: None,
         hf_endpoint: String::new(),
         token: None,
+        limits: Default::default(),
+        ca_file: None,
     }
 }
 
@@ -419,5 +423,261 @@ fn cli_exit_code_and_termination_message() {
     assert_eq!(
         String::from_utf8(out.stdout).unwrap().trim(),
         digest_path(&src).unwrap()
+    );
+}
+
+/// What a listener saw: `Authorization` headers (None when absent), one per request.
+type Seen = Arc<Mutex<Vec<Option<String>>>>;
+
+fn auth_of(h: &HeaderMap) -> Option<String> {
+    h.get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap().to_string())
+}
+
+/// A plain-http origin: `/files/{name}` serves `bytes`, `/redirect/{n}` answers 302 to `to[n]`, and
+/// `/stall/{name}` sends headers then nothing; every request's `Authorization` is recorded.
+async fn origin(bytes: Vec<u8>, to: Vec<String>, seen: Seen) -> String {
+    let files = {
+        let seen = seen.clone();
+        move |h: HeaderMap| {
+            let (seen, bytes) = (seen.clone(), bytes.clone());
+            async move {
+                seen.lock().unwrap().push(auth_of(&h));
+                bytes
+            }
+        }
+    };
+    let redirect = {
+        let seen = seen.clone();
+        move |UrlPath((n, _name)): UrlPath<(usize, String)>, h: HeaderMap| {
+            let (seen, to) = (seen.clone(), to.clone());
+            async move {
+                seen.lock().unwrap().push(auth_of(&h));
+                (StatusCode::FOUND, [(header::LOCATION, to[n].clone())]).into_response()
+            }
+        }
+    };
+    let stall = move || async move {
+        let forever = futures::stream::pending::<Result<Bytes, std::io::Error>>();
+        Response::builder()
+            .header(header::CONTENT_LENGTH, 1000)
+            .body(Body::from_stream(forever))
+            .unwrap()
+    };
+    let endless = move || async move {
+        let chunks = futures::stream::repeat_with(|| Ok::<_, std::io::Error>(Bytes::from(vec![1u8; 8192])));
+        Response::new(Body::from_stream(chunks))
+    };
+    let app = Router::new()
+        .route("/files/{name}", get(files))
+        .route("/redirect/{n}/{name}", get(redirect))
+        .route("/stall/{name}", get(stall))
+        .route("/endless/{name}", get(endless));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// A certificate for 127.0.0.1 (made by the openssl command line) in `dir`: (cert.pem, key.pem).
+fn certificate(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .args(["-days", "1", "-subj", "/CN=127.0.0.1"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl on PATH (make setup installs it)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (cert, key)
+}
+
+/// An https origin serving `bytes` for any path (HTTP/1.1 by hand over tokio-rustls), recording each
+/// request's `Authorization`.
+async fn https_origin(cert: &Path, key: &Path, bytes: Vec<u8>, seen: Seen) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+    let certs = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = tokio_rustls::rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let (acceptor, bytes, seen) = (acceptor.clone(), bytes.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).to_string();
+                let auth = text
+                    .lines()
+                    .find(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+                    .map(|l| l["authorization:".len()..].trim().to_string());
+                seen.lock().unwrap().push(auth);
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    bytes.len()
+                );
+                let _ = tls.write_all(reply.as_bytes()).await;
+                let _ = tls.write_all(&bytes).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    format!("https://127.0.0.1:{}", addr.port())
+}
+
+#[tokio::test]
+async fn the_token_goes_only_to_the_hub_and_redirects_only_to_https() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+    let file = tmp.path().join("model.gguf");
+    fs::write(&file, &bytes).unwrap();
+    let digest = digest_path(&file).unwrap();
+    let (cert, key) = certificate(tmp.path());
+    let (hub_seen, other_seen, tls_seen): (Seen, Seen, Seen) = Default::default();
+    let tls = https_origin(&cert, &key, bytes.clone(), tls_seen.clone()).await;
+    let other = origin(bytes.clone(), vec![], other_seen.clone()).await;
+    let hub = origin(
+        bytes.clone(),
+        vec![
+            format!("{tls}/blob/model.gguf"),
+            format!("{other}/files/model.gguf"),
+        ],
+        hub_seen.clone(),
+    )
+    .await;
+    let with_token = |uri: String, dest: &str| FetchRequest {
+        hf_endpoint: hub.clone(),
+        token: Some(TOKEN.into()),
+        ca_file: Some(cert.clone()),
+        ..request(&uri, &digest, &tmp.path().join(dest))
+    };
+    let bearer = Some(format!("Bearer {TOKEN}"));
+
+    // Another origin never gets the token, even for a plain download.
+    fetch(&with_token(format!("{other}/files/model.gguf"), "a"))
+        .await
+        .unwrap();
+    assert_eq!(*other_seen.lock().unwrap(), vec![None]);
+
+    // The hub gets it; its redirect to another (https) origin is followed without it.
+    fetch(&with_token(format!("{hub}/redirect/0/model.gguf"), "b"))
+        .await
+        .unwrap();
+    assert_eq!(fs::read(tmp.path().join("b/model.gguf")).unwrap(), bytes);
+    assert_eq!(*hub_seen.lock().unwrap(), vec![bearer.clone()]);
+    assert_eq!(*tls_seen.lock().unwrap(), vec![None]);
+
+    // A redirect to plain http is refused before anything is sent there.
+    let err = fetch(&with_token(format!("{hub}/redirect/1/model.gguf"), "c"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.reason(), "SourceUnavailable", "{err}");
+    assert!(err.to_string().contains("http:// URL refused"), "{err}");
+    assert!(!err.to_string().contains(TOKEN));
+    assert_eq!(
+        other_seen.lock().unwrap().len(),
+        1,
+        "nothing more reached the http origin"
+    );
+    assert!(!tmp.path().join("c").exists());
+}
+
+#[tokio::test]
+async fn downloads_are_bounded_in_bytes_and_in_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = vec![5u8; 10_000];
+    let file = tmp.path().join("model.gguf");
+    fs::write(&file, &bytes).unwrap();
+    let digest = digest_path(&file).unwrap();
+    let base = origin(bytes, vec![], Seen::default()).await;
+    let limited = |path: &str, dest: &str, limits: Limits| FetchRequest {
+        limits,
+        ..request(
+            &format!("{base}/{path}/model.gguf"),
+            &digest,
+            &tmp.path().join(dest),
+        )
+    };
+    let bytes_only = |max| Limits {
+        max_bytes: Some(max),
+        timeout: None,
+    };
+    fetch(&limited("files", "fits", bytes_only(10_000)))
+        .await
+        .unwrap();
+    // Known length over the limit: refused before a byte is written.
+    let err = fetch(&limited("files", "big", bytes_only(9_999)))
+        .await
+        .unwrap_err();
+    assert_eq!((err.reason(), err.exit_code()), ("TooLarge", 7), "{err}");
+    // No length, a body without end: cut off at the limit.
+    let err = fetch(&limited("endless", "endless", bytes_only(1 << 20)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.reason(), "TooLarge", "{err}");
+    // A file:// tree over the limit.
+    let err = fetch(&FetchRequest {
+        limits: bytes_only(100),
+        ..request(
+            &format!("file://{}", file.display()),
+            &digest,
+            &tmp.path().join("local"),
+        )
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "TooLarge", "{err}");
+    // A body that never comes: the time limit ends it.
+    let t0 = std::time::Instant::now();
+    let err = fetch(&limited(
+        "stall",
+        "stall",
+        Limits {
+            max_bytes: None,
+            timeout: Some(std::time::Duration::from_millis(500)),
+        },
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!((err.reason(), err.exit_code()), ("TimedOut", 8), "{err}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(
+        entries(tmp.path()),
+        ["fits", "model.gguf"],
+        "no staging leftovers, DEST untouched"
     );
 }

@@ -49,8 +49,11 @@ pub struct RegistryConfig {
     pub policy: UriPolicy,
     /// Hugging Face endpoint for `hf://`.
     pub hf_endpoint: String,
-    /// Bearer token for remote sources (`HF_TOKEN`; never logged).
+    /// Bearer token (`HF_TOKEN`; never logged), sent only to `hf_endpoint`'s origin.
     pub token: Option<String>,
+    /// Byte and time limits of one adapter's fetch (`--max-adapter-bytes`,
+    /// `--adapter-fetch-timeout-seconds`).
+    pub fetch_limits: crate::fetch::Limits,
 }
 
 /// How a request's `model` resolves.
@@ -166,9 +169,6 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// Numbers the private directories adapters are fetched into.
-static INCOMING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// How long a request waiting for a resident slot sleeps between looks.
 const WAIT_STEP: Duration = Duration::from_millis(10);
 
@@ -192,6 +192,8 @@ fn fetch_error(e: FetchError) -> ApiError {
         FetchError::DigestMismatch { .. } => (ApiErrorKind::Unprocessable, "digest_mismatch"),
         FetchError::InvalidArtifact(_) => (ApiErrorKind::Unprocessable, "invalid_artifact"),
         FetchError::Io { .. } => (ApiErrorKind::Internal, "local_io_error"),
+        FetchError::TooLarge(_) => (ApiErrorKind::Unprocessable, "too_large"),
+        FetchError::TimedOut(_) => (ApiErrorKind::Timeout, "source_timeout"),
     };
     adapter_error(kind, code, e.to_string())
 }
@@ -434,10 +436,7 @@ impl Registry {
         // The source itself must hold bytes with this digest, even when the store already has them
         // (under another name): a caller's claim "this URI has this digest" is always checked.
         let dir = self.cfg.store.join(spec.digest.trim_start_matches("sha256:"));
-        let incoming = self.cfg.store.join(format!(
-            ".incoming-{}",
-            INCOMING.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
+        let incoming = crate::fetch::stage::unique_dir(&self.cfg.store, ".incoming-").map_err(fetch_error)?;
         let req = FetchRequest {
             source,
             digest: spec.digest.clone(),
@@ -445,6 +444,8 @@ impl Registry {
             cache: None,
             hf_endpoint: self.cfg.hf_endpoint.clone(),
             token: self.cfg.token.clone(),
+            limits: self.cfg.fetch_limits,
+            ca_file: None,
         };
         let fetched = crate::fetch::fetch(&req).await.map_err(fetch_error);
         let (d, inc, digest) = (dir.clone(), incoming.clone(), spec.digest.clone());
@@ -523,6 +524,28 @@ impl Registry {
         if !inner.live.contains_key(&spec.name) {
             inner.failed.insert(spec.name.clone(), (spec, message));
         }
+    }
+
+    /// Records a start-up entry as failed with `message` unless its name is registered or already
+    /// recorded; `true` if it was recorded now (the start-up deadline passed while it loads).
+    pub fn fail_if_pending(&self, spec: &AdapterSpec, message: String) -> bool {
+        let mut inner = self.lock();
+        if inner.live.contains_key(&spec.name) || inner.failed.contains_key(&spec.name) {
+            return false;
+        }
+        inner.failed.insert(spec.name.clone(), (spec.clone(), message));
+        true
+    }
+
+    /// Whether a failed start-up entry should still be retried: it is still listed as failed with this
+    /// digest (the admin API neither unloaded nor replaced it, and nothing loaded that name since).
+    pub fn retry_wanted(&self, spec: &AdapterSpec) -> bool {
+        let inner = self.lock();
+        !inner.live.contains_key(&spec.name)
+            && inner
+                .failed
+                .get(&spec.name)
+                .is_some_and(|(s, _)| s.digest == spec.digest)
     }
 
     /// Removes adapter `name`; requests already holding it finish on it. `false` if it was unknown.

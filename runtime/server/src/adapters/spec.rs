@@ -3,8 +3,10 @@
 //!
 //! Invariants: a spec is checked field by field before anything is fetched (each refusal names the
 //! field and the limit); `file://` sources must resolve — symlinks and `..` followed — under one of
-//! the configured roots, so no caller can make the runtime read an arbitrary path; the schemes allowed
-//! are the runtime's choice (`--adapter-uri-schemes`), never the caller's.
+//! the configured roots, so no caller can make the runtime read an arbitrary path, and the source the
+//! fetch then reads is that resolved path (resolved once: a symlink swapped in after the check is not
+//! followed — the copy refuses symlinks); the schemes allowed are the runtime's choice
+//! (`--adapter-uri-schemes`), never the caller's.
 
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::fetch::{Source, validate_digest};
@@ -55,7 +57,8 @@ fn is_served_name(s: &str) -> bool {
 }
 
 impl AdapterSpec {
-    /// Checks every field, and the source against `policy`; returns the parsed source.
+    /// Checks every field, and the source against `policy`; returns the source to read (for `file://`,
+    /// the resolved path that was checked).
     pub fn validate(&self, base_name: &str, policy: &UriPolicy) -> Result<Source, ApiError> {
         if !is_served_name(&self.name) {
             return Err(invalid(
@@ -100,8 +103,7 @@ impl AdapterSpec {
             return Err(invalid("uri", "`uri` must be 1-2048 characters".into()));
         }
         let source = Source::parse(&self.uri).map_err(|e| invalid("uri", e.to_string()))?;
-        policy.check(&source)?;
-        Ok(source)
+        policy.resolve(source)
     }
 }
 
@@ -114,9 +116,10 @@ impl UriPolicy {
         }
     }
 
-    /// Refuses sources this runtime may not read.
-    pub fn check(&self, source: &Source) -> Result<(), ApiError> {
-        let scheme = match source {
+    /// Refuses sources this runtime may not read; a `file://` source comes back as the resolved path
+    /// that was checked, which is the one to read.
+    pub fn resolve(&self, source: Source) -> Result<Source, ApiError> {
+        let scheme = match &source {
             Source::File(_) => "file",
             Source::Http(u) => u.scheme(),
             Source::HuggingFace { .. } => "hf",
@@ -127,7 +130,7 @@ impl UriPolicy {
                 self.schemes.join(", ")
             )));
         }
-        if let Source::File(path) = source {
+        if let Source::File(path) = &source {
             if self.file_roots.is_empty() {
                 return Err(Self::refuse(
                     "file:// adapter URIs need --adapter-file-roots, and none is configured".into(),
@@ -152,8 +155,9 @@ impl UriPolicy {
                     path.display()
                 )));
             }
+            return Ok(Source::File(real));
         }
-        Ok(())
+        Ok(source)
     }
 }
 
@@ -179,6 +183,14 @@ mod tests {
         };
         let uri = format!("file://{}", dir.path().display());
         assert!(spec("sql-lora", &uri).validate("base", &policy).is_ok());
+        // The source to read is the path that was checked, resolved once.
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("link")).unwrap();
+        let via_link = format!("file://{}/link/../link", dir.path().display());
+        assert_eq!(
+            spec("x", &via_link).validate("base", &policy).unwrap(),
+            Source::File(dir.path().join("real").canonicalize().unwrap())
+        );
         let param = |s: AdapterSpec| s.validate("base", &policy).unwrap_err().param.unwrap();
         assert_eq!(param(spec("", &uri)), "name");
         assert_eq!(param(spec("base", &uri)), "name");

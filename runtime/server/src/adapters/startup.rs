@@ -1,15 +1,22 @@
-//! The start-up adapter list (`--adapters-file`, the ConfigMap the operator mounts): every entry is
-//! loaded before `/ready` turns 200, so a new or restarted pod never takes traffic without them.
+//! The start-up adapter list (`--adapters-file`, the ConfigMap the operator mounts): its entries load
+//! side by side (at most `--startup-adapter-concurrency` at once) while the server already answers
+//! `/health`; `/ready` waits until each entry is loaded or given up on, and never longer than
+//! `--startup-adapter-deadline-seconds`.
 //!
-//! Invariants: an entry that cannot be loaded does not keep the pod unready forever — transient
-//! source failures are retried a few times, then the entry is recorded as `failed` (shown by
-//! `GET /v1/adapters` with its reason) and start-up goes on; a malformed file is a start-up error.
+//! Invariants: one slow or broken source cannot keep the pod unready — an entry is given up on (for
+//! readiness) when it loaded, failed for good (digest, compatibility, policy), failed [`ATTEMPTS`]
+//! times for a reason a retry may fix (`source_unavailable`, `source_timeout`, `load_in_progress`), or
+//! when the deadline passed; it is then listed as `failed` by `GET /v1/adapters` (with why) and, if the
+//! reason may pass, retried in the background (back-off from 1 s to 60 s) until it loads, or until the
+//! admin API unloads or replaces that name. A malformed file is a start-up error.
 
 use super::registry::Registry;
 use super::spec::AdapterSpec;
 use serde::Deserialize;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 
 /// The file's shape: `{"adapters": [{"name", "uri", "digest", "tenants"}]}`.
 #[derive(Deserialize, Debug, Default)]
@@ -29,30 +36,149 @@ pub fn read(path: &Path) -> anyhow::Result<AdaptersFile> {
     Ok(serde_json::from_str(&text)?)
 }
 
-/// Tries per entry when the source is unavailable.
-const ATTEMPTS: u32 = 3;
+/// How the list is loaded (serve flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StartupPolicy {
+    /// Entries loading at once (`--startup-adapter-concurrency`).
+    pub concurrency: usize,
+    /// Longest `/ready` waits for the list (`--startup-adapter-deadline-seconds`).
+    pub deadline: Duration,
+}
 
-/// Loads every entry of `file` into `registry`, one after another.
-pub async fn load_all(registry: &Registry, file: AdaptersFile) {
-    for spec in file.adapters {
-        let mut attempt = 1;
-        loop {
-            match registry.load(spec.clone()).await {
-                Ok(_) => break,
-                Err(e) if e.code.as_deref() == Some("source_unavailable") && attempt < ATTEMPTS => {
-                    tokio::time::sleep(Duration::from_secs(u64::from(attempt))).await;
-                    attempt += 1;
-                }
-                Err(e) => {
-                    eprintln!(
-                        "adapters: start-up adapter `{}` not loaded: {}",
-                        spec.name, e.message
-                    );
-                    let message = format!("{}: {}", e.code.as_deref().unwrap_or("error"), e.message);
-                    registry.record_failure(spec, message);
-                    break;
-                }
+impl Default for StartupPolicy {
+    fn default() -> Self {
+        StartupPolicy {
+            concurrency: 4,
+            deadline: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Tries of an entry before it is given up on for readiness (it keeps being retried in the background).
+pub const ATTEMPTS: u32 = 3;
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(60);
+
+/// Error codes a later try may not get.
+fn transient(code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some("source_unavailable" | "source_timeout" | "load_in_progress")
+    )
+}
+
+fn backoff(failures: u32) -> Duration {
+    (FIRST_RETRY * 2u32.saturating_pow(failures.saturating_sub(1).min(16))).min(MAX_RETRY)
+}
+
+/// Loads every entry of `file` into `registry` (see the module docs); returns when `/ready` may turn
+/// 200. Entries still loading then go on in the background.
+pub async fn load_all(registry: Arc<Registry>, file: AdaptersFile, policy: StartupPolicy) {
+    let permits = Arc::new(Semaphore::new(policy.concurrency.max(1)));
+    let specs = file.adapters;
+    let tasks: Vec<_> = specs
+        .iter()
+        .map(|spec| tokio::spawn(settle(registry.clone(), spec.clone(), permits.clone())))
+        .collect();
+    if tokio::time::timeout(policy.deadline, futures::future::join_all(tasks))
+        .await
+        .is_err()
+    {
+        // The tasks go on (dropping a JoinHandle detaches it); readiness no longer waits for them.
+        for spec in specs {
+            let message = format!(
+                "start_up_deadline: not loaded within {} s of start-up; still loading in the background",
+                policy.deadline.as_secs_f64()
+            );
+            if registry.fail_if_pending(&spec, message) {
+                eprintln!(
+                    "adapters: start-up adapter `{}` is not loaded by the deadline; /ready no longer waits for it",
+                    spec.name
+                );
             }
         }
+    }
+}
+
+/// One try under the concurrency limit; `Err((code, message))` on failure.
+async fn try_load(
+    registry: &Registry,
+    spec: &AdapterSpec,
+    permits: &Semaphore,
+) -> Result<(), (Option<String>, String)> {
+    let _permit = permits.acquire().await.expect("the semaphore is never closed");
+    registry
+        .load(spec.clone())
+        .await
+        .map(|_| ())
+        .map_err(|e| (e.code.clone(), e.message))
+}
+
+/// Loads `spec` until it is settled for readiness; hands a retryable failure to [`retry`].
+async fn settle(registry: Arc<Registry>, spec: AdapterSpec, permits: Arc<Semaphore>) {
+    for attempt in 1..=ATTEMPTS {
+        let (code, message) = match try_load(&registry, &spec, &permits).await {
+            Ok(()) => return,
+            Err(e) => e,
+        };
+        let shown = format!("{}: {message}", code.as_deref().unwrap_or("error"));
+        if !transient(code.as_deref()) {
+            eprintln!("adapters: start-up adapter `{}` not loaded: {message}", spec.name);
+            registry.record_failure(spec, shown);
+            return;
+        }
+        if attempt == ATTEMPTS {
+            eprintln!(
+                "adapters: start-up adapter `{}` not loaded after {ATTEMPTS} tries ({message}); retrying in the background",
+                spec.name
+            );
+            registry.record_failure(spec.clone(), format!("{shown} (retrying in the background)"));
+            tokio::spawn(retry(registry, spec, permits, attempt));
+            return;
+        }
+        tokio::time::sleep(backoff(attempt)).await;
+    }
+}
+
+/// Background retries of an entry given up on, while the admin API has not unloaded or replaced it.
+async fn retry(registry: Arc<Registry>, spec: AdapterSpec, permits: Arc<Semaphore>, mut failures: u32) {
+    loop {
+        tokio::time::sleep(backoff(failures)).await;
+        if !registry.retry_wanted(&spec) {
+            return;
+        }
+        match try_load(&registry, &spec, &permits).await {
+            Ok(()) => {
+                eprintln!(
+                    "adapters: start-up adapter `{}` loaded after {failures} failed tries",
+                    spec.name
+                );
+                return;
+            }
+            Err((code, message)) => {
+                failures += 1;
+                let shown = format!("{}: {message}", code.as_deref().unwrap_or("error"));
+                if !transient(code.as_deref()) {
+                    registry.record_failure(spec, shown);
+                    return;
+                }
+                if !registry.retry_wanted(&spec) {
+                    return;
+                }
+                registry.record_failure(spec.clone(), format!("{shown} (retrying in the background)"));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_minute() {
+        let got: Vec<u64> = (1..=9).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(got, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert!(transient(Some("source_timeout")) && !transient(Some("digest_mismatch")));
     }
 }

@@ -1,8 +1,9 @@
 //! The digest-keyed artifact cache (`fetch --cache DIR`): `DIR/sha256-<hex>/` holds a verified copy of an
 //! artifact so a scale-up or a restart does not download it again.
 //!
-//! Invariants: an entry appears only by an atomic rename of a complete, verified copy; an entry is
-//! re-verified before every use and removed when it no longer matches (bit rot, tampering).
+//! Invariants: an entry appears only by an atomic rename of a complete, verified copy assembled in a
+//! temporary directory no other fetch uses ([`stage::unique_dir`]); an entry is re-verified before every
+//! use and removed when it no longer matches (bit rot, tampering).
 
 use super::{FetchError, stage, verify};
 use std::fs;
@@ -39,10 +40,9 @@ pub fn store(cache: &Path, digest: &str, verified: &Path) -> Result<(), FetchErr
         return Ok(());
     }
     fs::create_dir_all(cache).map_err(FetchError::io(format!("creating {}", cache.display())))?;
-    let tmp = cache.join(format!(".tmp-{}-{}", std::process::id(), digest.len()));
-    let _ = fs::remove_dir_all(&tmp);
-    fs::create_dir(&tmp).map_err(FetchError::io(format!("creating {}", tmp.display())))?;
-    let result = stage::copy_tree(verified, &tmp).and_then(|()| {
+    // A name of its own: fetches on one node share the cache, and every init container is PID 1.
+    let tmp = stage::unique_dir(cache, ".tmp-")?;
+    let result = stage::copy_tree(verified, &tmp, stage::Link::WhenPossible).and_then(|_| {
         fs::rename(&tmp, &entry).map_err(FetchError::io(format!("renaming into {}", entry.display())))
     });
     if result.is_err() {
@@ -50,4 +50,35 @@ pub fn store(cache: &Path, digest: &str, verified: &Path) -> Result<(), FetchErr
     }
     // Another fetch may have stored the same entry first; that is as good.
     if entry.is_dir() { Ok(()) } else { result }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storing_never_touches_another_fetchs_temporary_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let (cache, verified) = (t.path().join("cache"), t.path().join("v"));
+        fs::create_dir_all(&verified).unwrap();
+        fs::write(verified.join("f"), b"bytes").unwrap();
+        let digest = crate::digest::digest_path(&verified).unwrap();
+        // Another init container (also PID 1, so the old `.tmp-<pid>-<len>` name) is filling this.
+        fs::create_dir_all(&cache).unwrap();
+        let theirs = cache.join(format!(".tmp-{}-{}", std::process::id(), digest.len()));
+        fs::create_dir(&theirs).unwrap();
+        fs::write(theirs.join("half"), b"in progress").unwrap();
+        store(&cache, &digest, &verified).unwrap();
+        assert_eq!(fs::read(theirs.join("half")).unwrap(), b"in progress");
+        assert_eq!(
+            lookup(&cache, &digest).unwrap(),
+            Some(entry_path(&cache, &digest))
+        );
+        let leftovers: Vec<_> = fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().starts_with(".tmp-"))
+            .collect();
+        assert_eq!(leftovers.len(), 1, "only theirs is left: {leftovers:?}");
+    }
 }

@@ -2,27 +2,139 @@
 //! when the server supports it; and the Hugging Face Hub's file listing.
 //!
 //! Retries: connection errors, timeouts, 408/429/5xx and bodies cut short are retried up to
-//! [`MAX_ATTEMPTS`] times with exponential backoff; 4xx answers are final. Tokens go only into the
-//! `Authorization` header, never into messages.
+//! [`MAX_ATTEMPTS`] times with exponential backoff; 4xx answers are final, and so is a download past the
+//! byte budget ([`super::limits`]).
+//!
+//! Credentials: the bearer token (`HF_TOKEN`) belongs to one origin, the configured Hugging Face
+//! endpoint ([`Credential`]); it goes into the `Authorization` header of requests to that origin only,
+//! never into messages. Redirects are followed by hand, one hop at a time ([`redirect_target`]): only to
+//! `https://` URLs, at most [`MAX_REDIRECTS`] of them, and each hop carries the token only if it is on
+//! the token's origin — a redirect can never move the credential to another host.
 
 use super::FetchError;
+use super::limits::Budget;
+use reqwest::Url;
+use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 /// Attempts per file before giving up.
 pub const MAX_ATTEMPTS: u32 = 6;
+/// Redirect hops followed per request.
+pub const MAX_REDIRECTS: usize = 10;
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 
-/// The client used for every download.
-pub fn client() -> Result<reqwest::Client, FetchError> {
+/// A bearer token and the one origin (scheme, host, port) it may be sent to.
+#[derive(Clone)]
+pub struct Credential {
+    /// `scheme://host:port` of the endpoint (never the opaque `null` origin: only http(s) endpoints).
+    origin: String,
+    token: String,
+}
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Credential({}, <redacted>)", self.origin)
+    }
+}
+
+impl Credential {
+    /// `token` for the origin of `endpoint` (the Hugging Face endpoint); `None` without a token or
+    /// with an endpoint that is not an http(s) URL.
+    pub fn new(endpoint: &str, token: Option<&str>) -> Option<Credential> {
+        let token = token.filter(|t| !t.is_empty())?;
+        let url = Url::parse(endpoint).ok()?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return None;
+        }
+        Some(Credential {
+            origin: url.origin().ascii_serialization(),
+            token: token.to_string(),
+        })
+    }
+
+    /// The token, if `url` is on its origin.
+    pub fn token_for(&self, url: &Url) -> Option<&str> {
+        (url.origin().ascii_serialization() == self.origin).then_some(self.token.as_str())
+    }
+}
+
+/// Where a redirect from `current` with `Location: location` leads, if it may be followed: relative
+/// locations resolve against `current`; the target must be `https://`.
+pub fn redirect_target(current: &Url, location: &str) -> Result<Url, String> {
+    let next = current
+        .join(location)
+        .map_err(|e| format!("redirect to an invalid location ({e})"))?;
+    if next.scheme() != "https" {
+        return Err(format!(
+            "redirect to a {}:// URL refused (only https:// redirects are followed)",
+            next.scheme()
+        ));
+    }
+    Ok(next)
+}
+
+/// The client used for every download: no automatic redirects (see the module docs), and the PEM
+/// certificates of `ca_file` trusted besides the system's roots.
+pub fn client(ca_file: Option<&Path>) -> Result<reqwest::Client, FetchError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .read_timeout(Duration::from_secs(60))
-        .user_agent(concat!("modelfleet-runtime/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("modelfleet-runtime/", env!("CARGO_PKG_VERSION")));
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(FetchError::io(format!("--ca-file {}", path.display())))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| FetchError::InvalidArgument(format!("--ca-file {}: {}", path.display(), e)))?;
+        builder = builder.tls_certs_merge(certs);
+    }
+    builder
         .build()
         .map_err(|e| FetchError::InvalidArgument(format!("HTTP client: {e}")))
+}
+
+/// A request's outcome that a retry may fix.
+struct Transient(String);
+
+/// GETs `url` (with `Range: bytes=<from>-` if given), following redirects as the module docs say.
+async fn get(
+    client: &reqwest::Client,
+    url: &Url,
+    cred: Option<&Credential>,
+    from: Option<u64>,
+    shown: &str,
+) -> Result<Result<reqwest::Response, Transient>, FetchError> {
+    let mut url = url.clone();
+    for _ in 0..=MAX_REDIRECTS {
+        let mut request = client.get(url.clone());
+        if let Some(token) = cred.and_then(|c| c.token_for(&url)) {
+            request = request.bearer_auth(token);
+        }
+        if let Some(have) = from {
+            request = request.header(reqwest::header::RANGE, format!("bytes={have}-"));
+        }
+        let resp = match request.send().await {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(Transient(without_url(&e)))),
+        };
+        if !resp.status().is_redirection() || resp.status() == reqwest::StatusCode::NOT_MODIFIED {
+            return Ok(Ok(resp));
+        }
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                FetchError::SourceUnavailable(format!("{shown}: HTTP {} without a Location", resp.status()))
+            })?;
+        url = redirect_target(&url, location)
+            .map_err(|why| FetchError::SourceUnavailable(format!("{shown}: {why}")))?;
+    }
+    Err(FetchError::SourceUnavailable(format!(
+        "{shown}: more than {MAX_REDIRECTS} redirects"
+    )))
 }
 
 enum Attempt {
@@ -30,12 +142,14 @@ enum Attempt {
     Retry(String),
 }
 
-/// Downloads `url` to the file `to`, resuming after partial transfers. `shown` names the source in errors.
+/// Downloads `url` to the file `to`, resuming after partial transfers, within `budget` (which the
+/// file's size is then charged to). `shown` names the source in errors.
 pub async fn download(
     client: &reqwest::Client,
-    url: &str,
+    url: &Url,
     to: &Path,
-    token: Option<&str>,
+    cred: Option<&Credential>,
+    budget: &mut Budget,
     shown: &str,
 ) -> Result<(), FetchError> {
     let mut last = String::new();
@@ -43,8 +157,14 @@ pub async fn download(
         if attempt > 0 {
             tokio::time::sleep(FIRST_BACKOFF * 2u32.pow(attempt - 1)).await;
         }
-        match try_once(client, url, to, token, shown).await? {
-            Attempt::Done => return Ok(()),
+        match try_once(client, url, to, cred, budget, shown).await? {
+            Attempt::Done => {
+                let len = tokio::fs::metadata(to)
+                    .await
+                    .map_err(FetchError::io(to.display().to_string()))?
+                    .len();
+                return budget.spend(len);
+            }
             Attempt::Retry(why) => last = why,
         }
     }
@@ -55,22 +175,16 @@ pub async fn download(
 
 async fn try_once(
     client: &reqwest::Client,
-    url: &str,
+    url: &Url,
     to: &Path,
-    token: Option<&str>,
+    cred: Option<&Credential>,
+    budget: &Budget,
     shown: &str,
 ) -> Result<Attempt, FetchError> {
     let have = tokio::fs::metadata(to).await.map(|m| m.len()).unwrap_or(0);
-    let mut request = client.get(url);
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if have > 0 {
-        request = request.header(reqwest::header::RANGE, format!("bytes={have}-"));
-    }
-    let mut resp = match request.send().await {
+    let mut resp = match get(client, url, cred, (have > 0).then_some(have), shown).await? {
         Ok(r) => r,
-        Err(e) => return Ok(Attempt::Retry(without_url(&e))),
+        Err(Transient(why)) => return Ok(Attempt::Retry(why)),
     };
     let status = resp.status();
     let append = match status.as_u16() {
@@ -86,6 +200,10 @@ async fn try_once(
         408 | 429 | 500..=599 => return Ok(Attempt::Retry(format!("HTTP {status}"))),
         _ => return Err(FetchError::SourceUnavailable(format!("{shown}: HTTP {status}"))),
     };
+    let mut size = if append { have } else { 0 };
+    if let Some(len) = resp.content_length() {
+        budget.check(size.saturating_add(len))?;
+    }
     let mut file = tokio::fs::OpenOptions::new()
         .create(true)
         .write(true)
@@ -96,10 +214,13 @@ async fn try_once(
         .map_err(FetchError::io(to.display().to_string()))?;
     loop {
         match resp.chunk().await {
-            Ok(Some(bytes)) => file
-                .write_all(&bytes)
-                .await
-                .map_err(FetchError::io(to.display().to_string()))?,
+            Ok(Some(bytes)) => {
+                size = size.saturating_add(bytes.len() as u64);
+                budget.check(size)?;
+                file.write_all(&bytes)
+                    .await
+                    .map_err(FetchError::io(to.display().to_string()))?
+            }
             Ok(None) => break,
             Err(e) => {
                 file.flush()
@@ -124,13 +245,16 @@ fn without_url(e: &reqwest::Error) -> String {
     text
 }
 
+/// Most bytes of a Hub file listing read.
+const MAX_LISTING_BYTES: usize = 16 << 20;
+
 /// Lists the files of a Hub repository at a revision (`GET /api/models/{repo}/revision/{revision}`).
 pub async fn hf_list_files(
     client: &reqwest::Client,
     endpoint: &str,
     repo: &str,
     revision: &str,
-    token: Option<&str>,
+    cred: Option<&Credential>,
 ) -> Result<Vec<String>, FetchError> {
     #[derive(serde::Deserialize)]
     struct Sibling {
@@ -140,21 +264,18 @@ pub async fn hf_list_files(
     struct Info {
         siblings: Vec<Sibling>,
     }
-    let url = format!("{endpoint}/api/models/{repo}/revision/{revision}");
     let shown = format!("hf://{repo}@{revision}");
+    let url = Url::parse(&format!("{endpoint}/api/models/{repo}/revision/{revision}"))
+        .map_err(|e| FetchError::InvalidArgument(format!("--hf-endpoint {endpoint:?}: {e}")))?;
     let mut last = String::new();
     for attempt in 0..MAX_ATTEMPTS {
         if attempt > 0 {
             tokio::time::sleep(FIRST_BACKOFF * 2u32.pow(attempt - 1)).await;
         }
-        let mut request = client.get(&url);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let resp = match request.send().await {
+        let mut resp = match get(client, &url, cred, None, &shown).await? {
             Ok(r) => r,
-            Err(e) => {
-                last = without_url(&e);
+            Err(Transient(why)) => {
+                last = why;
                 continue;
             }
         };
@@ -168,12 +289,82 @@ pub async fn hf_list_files(
                 "{shown}: listing files: HTTP {status}"
             )));
         }
-        let info: Info = resp.json().await.map_err(|e| {
-            FetchError::SourceUnavailable(format!("{shown}: bad file listing: {}", without_url(&e)))
-        })?;
+        let mut body = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(bytes)) if body.len() + bytes.len() <= MAX_LISTING_BYTES => {
+                    body.extend_from_slice(&bytes)
+                }
+                Ok(Some(_)) => {
+                    return Err(FetchError::SourceUnavailable(format!(
+                        "{shown}: the file listing is over {MAX_LISTING_BYTES} bytes"
+                    )));
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    last = format!("listing interrupted: {}", without_url(&e));
+                    body.clear();
+                    break;
+                }
+            }
+        }
+        if body.is_empty() && !last.is_empty() {
+            continue;
+        }
+        let info: Info = serde_json::from_slice(&body)
+            .map_err(|e| FetchError::SourceUnavailable(format!("{shown}: bad file listing: {e}")))?;
         return Ok(info.siblings.into_iter().map(|s| s.rfilename).collect());
     }
     Err(FetchError::SourceUnavailable(format!(
         "{shown}: giving up after {MAX_ATTEMPTS} attempts: {last}"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_goes_only_to_its_origin() {
+        let c = Credential::new("https://huggingface.co", Some("hf_secret")).unwrap();
+        let url = |u: &str| Url::parse(u).unwrap();
+        assert_eq!(
+            c.token_for(&url("https://huggingface.co/org/m/resolve/main/x")),
+            Some("hf_secret")
+        );
+        for other in [
+            "https://evil.example/x",
+            "https://huggingface.co.evil.example/x",
+            "http://huggingface.co/x",
+            "https://huggingface.co:8443/x",
+            "https://cdn-lfs.huggingface.co/x",
+        ] {
+            assert_eq!(c.token_for(&url(other)), None, "{other}");
+        }
+        assert!(Credential::new("https://huggingface.co", Some("")).is_none());
+        assert!(Credential::new("https://huggingface.co", None).is_none());
+        assert!(format!("{c:?}").contains("redacted") && !format!("{c:?}").contains("hf_secret"));
+    }
+
+    #[test]
+    fn redirects_only_to_https() {
+        let from = Url::parse("https://huggingface.co/org/m/resolve/main/x").unwrap();
+        let check = |loc: &str, want: Result<&str, &str>| match (redirect_target(&from, loc), want) {
+            (Ok(u), Ok(w)) => assert_eq!(u.as_str(), w, "{loc}"),
+            (Err(e), Err(w)) => assert!(e.contains(w), "{loc}: {e}"),
+            (got, want) => panic!("{loc}: got {got:?}, want {want:?}"),
+        };
+        check(
+            "https://cdn.example/blob?sig=1",
+            Ok("https://cdn.example/blob?sig=1"),
+        );
+        check("/api/other", Ok("https://huggingface.co/api/other"));
+        check("http://cdn.example/blob", Err("http:// URL refused"));
+        check("file:///etc/passwd", Err("file:// URL refused"));
+        let plain = Url::parse("http://127.0.0.1:9/x").unwrap();
+        assert!(
+            redirect_target(&plain, "/y").is_err(),
+            "a relative hop stays http"
+        );
+    }
 }

@@ -7,15 +7,21 @@
 //! Invariants:
 //! - DEST is left exactly as it was unless the bytes verified: staging happens beside DEST (or, when DEST
 //!   is a mount point on another file system, in a hidden directory inside it that is removed on failure).
+//! - A fetch is bounded in bytes and in time ([`limits`]): past either it fails (`TooLarge`, `TimedOut`)
+//!   and its staging directory is removed.
+//! - Credentials go only to the Hugging Face endpoint's origin, redirects only to https ([`http`]).
+//! - File-system work (copies, hashing, renames) runs on the blocking pool, never on the async threads.
 //! - A cache entry is trusted only after it is re-verified; a corrupt entry is removed and fetched again.
 //! - Every failure has a [`FetchError::reason`] (a stable CamelCase word the operator turns into a
 //!   condition reason) and a one-line message; secrets (tokens) never appear in either.
 
 pub mod cache;
 pub mod http;
+pub mod limits;
 pub mod source;
 pub mod stage;
 
+pub use limits::Limits;
 pub use source::Source;
 
 use crate::digest::{DigestError, digest_path};
@@ -34,8 +40,12 @@ pub struct FetchRequest {
     pub cache: Option<PathBuf>,
     /// Hugging Face Hub endpoint for `hf://` URIs.
     pub hf_endpoint: String,
-    /// Bearer token for `hf://` and `http(s)://` sources (from the environment; never logged).
+    /// Bearer token (from the environment; never logged), sent only to `hf_endpoint`'s origin.
     pub token: Option<String>,
+    /// Byte and time limits.
+    pub limits: Limits,
+    /// PEM certificates trusted for https besides the system's roots (a private mirror's CA).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// How a fetch ended well.
@@ -71,6 +81,12 @@ pub enum FetchError {
     /// The artifact holds something a digest cannot describe (symlinks, special files).
     #[error("{0}")]
     InvalidArtifact(DigestError),
+    /// The artifact is larger than the byte limit (or than the space left for it).
+    #[error("{0}")]
+    TooLarge(String),
+    /// The fetch did not finish within its time limit.
+    #[error("{0}")]
+    TimedOut(String),
     /// Local file-system trouble (DEST, cache or staging).
     #[error("{context}: {source}")]
     Io {
@@ -90,6 +106,8 @@ impl FetchError {
             FetchError::DigestMismatch { .. } => "DigestMismatch",
             FetchError::InvalidArtifact(_) => "InvalidArtifact",
             FetchError::Io { .. } => "LocalIOError",
+            FetchError::TooLarge(_) => "TooLarge",
+            FetchError::TimedOut(_) => "TimedOut",
         }
     }
 
@@ -101,6 +119,8 @@ impl FetchError {
             FetchError::DigestMismatch { .. } => 4,
             FetchError::InvalidArtifact(_) => 5,
             FetchError::Io { .. } => 6,
+            FetchError::TooLarge(_) => 7,
+            FetchError::TimedOut(_) => 8,
         }
     }
 
@@ -157,24 +177,79 @@ pub fn verify(path: &Path, expected: &str, uri: &str) -> Result<(), FetchError> 
     }
 }
 
-/// Fetches, verifies and places the artifact. See the module docs for the guarantees.
+/// Runs file-system work on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, FetchError> + Send + 'static,
+) -> Result<T, FetchError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| FetchError::Io {
+        context: "file-system task".into(),
+        source: std::io::Error::other(e.to_string()),
+    })?
+}
+
+/// Fetches, verifies and places the artifact; the download and its verification are bounded by
+/// `req.limits`. See the module docs for the guarantees.
 pub async fn fetch(req: &FetchRequest) -> Result<Fetched, FetchError> {
     validate_digest(&req.digest)?;
-    if stage::dest_holds(&req.dest, &req.digest) {
-        return Ok(Fetched::AlreadyPresent);
+    let (dest, digest, cache) = (req.dest.clone(), req.digest.clone(), req.cache.clone());
+    let found = blocking(move || {
+        if stage::dest_holds(&dest, &digest) {
+            return Ok(Some(Fetched::AlreadyPresent));
+        }
+        if let Some(cache) = &cache
+            && let Some(entry) = cache::lookup(cache, &digest)?
+        {
+            stage::install_copy(&entry, &dest)?;
+            return Ok(Some(Fetched::FromCache));
+        }
+        Ok(None)
+    })
+    .await?;
+    if let Some(how) = found {
+        return Ok(how);
     }
-    if let Some(cache) = &req.cache
-        && let Some(entry) = cache::lookup(cache, &req.digest)?
-    {
-        stage::install_copy(&entry, &req.dest)?;
-        return Ok(Fetched::FromCache);
-    }
-    let staging = stage::Staging::new(&req.dest)?;
-    req.source.download_into(staging.path(), req).await?;
-    verify(staging.path(), &req.digest, &req.source.display())?;
-    if let Some(cache) = &req.cache {
-        cache::store(cache, &req.digest, staging.path())?;
-    }
-    staging.commit(&req.dest)?;
+    let staging = match req.limits.timeout {
+        None => download_verified(req).await?,
+        Some(limit) => tokio::time::timeout(limit, download_verified(req))
+            .await
+            .map_err(|_| {
+                FetchError::TimedOut(format!(
+                    "{}: not downloaded and verified within {} s (the time limit)",
+                    req.source.display(),
+                    limit.as_secs_f64()
+                ))
+            })??,
+    };
+    // Verified: placing it is local work, outside the time limit (never half done). The cache is an
+    // optimisation: a cache that cannot be written (read-only, another owner) does not fail the fetch.
+    let (dest, digest, cache) = (req.dest.clone(), req.digest.clone(), req.cache.clone());
+    blocking(move || {
+        if let Some(cache) = &cache
+            && let Err(e) = cache::store(cache, &digest, staging.path())
+        {
+            eprintln!("fetch: not cached in {}: {e}", cache.display());
+        }
+        staging.commit(&dest)
+    })
+    .await?;
     Ok(Fetched::FromSource)
+}
+
+/// Downloads into a new staging directory within the byte budget and verifies it. Dropping the
+/// future (the time limit) or failing removes the staging directory.
+async fn download_verified(req: &FetchRequest) -> Result<stage::Staging, FetchError> {
+    let dest = req.dest.clone();
+    let staging = blocking(move || stage::Staging::new(&dest)).await?;
+    let mut budget = limits::Budget::new(
+        &req.limits,
+        staging.path().parent().unwrap_or(staging.path()),
+        &req.source.display(),
+    );
+    req.source.download_into(staging.path(), req, &mut budget).await?;
+    let (digest, shown) = (req.digest.clone(), req.source.display());
+    blocking(move || {
+        verify(staging.path(), &digest, &shown)?;
+        Ok(staging)
+    })
+    .await
 }

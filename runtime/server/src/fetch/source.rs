@@ -4,7 +4,9 @@
 //! Invariants: file names that come from a remote listing are relative paths without `..`, so a source can
 //! never write outside the staging directory; credentials in URLs are never shown in messages.
 
-use super::{FetchError, FetchRequest, http};
+use super::http::{self, Credential};
+use super::limits::Budget;
+use super::{FetchError, FetchRequest};
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
@@ -80,27 +82,43 @@ impl Source {
         }
     }
 
-    /// Puts the artifact's files into `staging` (an empty directory).
-    pub async fn download_into(&self, staging: &Path, req: &FetchRequest) -> Result<(), FetchError> {
+    /// Puts the artifact's files into `staging` (an empty directory), within `budget`.
+    pub async fn download_into(
+        &self,
+        staging: &Path,
+        req: &FetchRequest,
+        budget: &mut Budget,
+    ) -> Result<(), FetchError> {
+        let cred = Credential::new(&req.hf_endpoint, req.token.as_deref());
         match self {
-            Source::File(path) => copy_local(path, staging),
+            Source::File(path) => {
+                let (from, to, mut b) = (path.clone(), staging.to_path_buf(), budget.clone());
+                let spent = tokio::task::spawn_blocking(move || copy_local(&from, &to, &mut b).map(|()| b))
+                    .await
+                    .map_err(|e| FetchError::Io {
+                        context: "copying task".into(),
+                        source: std::io::Error::other(e.to_string()),
+                    })??;
+                *budget = spent;
+                Ok(())
+            }
             Source::Http(url) => {
                 let name = file_name_of(url).expect("checked when parsed");
-                let client = http::client()?;
+                let client = http::client(req.ca_file.as_deref())?;
                 http::download(
                     &client,
-                    url.as_str(),
+                    url,
                     &staging.join(name),
-                    req.token.as_deref(),
+                    cred.as_ref(),
+                    budget,
                     &self.display(),
                 )
                 .await
             }
             Source::HuggingFace { repo, revision } => {
-                let client = http::client()?;
+                let client = http::client(req.ca_file.as_deref())?;
                 let endpoint = req.hf_endpoint.trim_end_matches('/');
-                let files =
-                    http::hf_list_files(&client, endpoint, repo, revision, req.token.as_deref()).await?;
+                let files = http::hf_list_files(&client, endpoint, repo, revision, cred.as_ref()).await?;
                 if files.is_empty() {
                     return Err(FetchError::SourceUnavailable(format!(
                         "{} has no files",
@@ -118,12 +136,16 @@ impl Source {
                     if let Some(parent) = to.parent() {
                         fs::create_dir_all(parent).map_err(FetchError::io(parent.display().to_string()))?;
                     }
-                    let url = format!("{endpoint}/{repo}/resolve/{revision}/{file}");
+                    let url = reqwest::Url::parse(&format!("{endpoint}/{repo}/resolve/{revision}/{file}"))
+                        .map_err(|e| {
+                            FetchError::InvalidArgument(format!("--hf-endpoint {endpoint:?}: {e}"))
+                        })?;
                     http::download(
                         &client,
                         &url,
                         &to,
-                        req.token.as_deref(),
+                        cred.as_ref(),
+                        budget,
                         &format!("{}/{file}", self.display()),
                     )
                     .await?;
@@ -147,18 +169,24 @@ pub fn safe_relative(path: &str) -> Option<PathBuf> {
     ok.then(|| p.to_path_buf())
 }
 
-/// Copies a local file (as `staging/<name>`) or directory tree (its contents) without following symlinks.
-fn copy_local(from: &Path, staging: &Path) -> Result<(), FetchError> {
+/// Copies a local file (as `staging/<name>`) or directory tree (its contents) without following
+/// symlinks and without hard links: the staged bytes are a private copy, so what is verified is what
+/// is later read, whatever happens to the source afterwards.
+fn copy_local(from: &Path, staging: &Path, budget: &mut Budget) -> Result<(), FetchError> {
     let meta = fs::symlink_metadata(from)
         .map_err(|e| FetchError::SourceUnavailable(format!("file://{}: {e}", from.display())))?;
     if meta.is_file() {
         let name = from.file_name().ok_or_else(|| {
             FetchError::InvalidArgument(format!("file://{} has no file name", from.display()))
         })?;
-        fs::copy(from, staging.join(name)).map_err(FetchError::io(format!("copying {}", from.display())))?;
-        Ok(())
+        budget.check(meta.len())?;
+        let copied = fs::copy(from, staging.join(name))
+            .map_err(FetchError::io(format!("copying {}", from.display())))?;
+        budget.spend(copied)
     } else if meta.is_dir() {
-        super::stage::copy_tree(from, staging)
+        budget.check(super::stage::tree_size(from)?)?;
+        let copied = super::stage::copy_tree(from, staging, super::stage::Link::Never)?;
+        budget.spend(copied)
     } else {
         Err(FetchError::SourceUnavailable(format!(
             "file://{} is not a regular file or directory (symlinks are refused)",

@@ -5,8 +5,8 @@
 //!
 //! Invariants: nothing is answered without the token (compared in constant time on its SHA-256);
 //! errors carry a stable `code` the operator maps to condition reasons (`digest_mismatch`,
-//! `incompatible`, `invalid_artifact`, `uri_not_allowed`, `source_unavailable`, `invalid_request`,
-//! `adapter_not_found`); the token is never logged.
+//! `incompatible`, `invalid_artifact`, `uri_not_allowed`, `source_unavailable`, `source_timeout`,
+//! `too_large`, `invalid_request`, `adapter_not_found`); the token is never logged.
 
 use super::state::AppState;
 use crate::adapters::AdapterSpec;

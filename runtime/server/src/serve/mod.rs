@@ -143,9 +143,27 @@ pub struct ServeArgs {
     /// Directories `file://` adapters must lie under (none: `file://` adapters are refused).
     #[arg(long, env = "MODELFLEET_ADAPTER_FILE_ROOTS", value_delimiter = ',')]
     pub adapter_file_roots: Vec<PathBuf>,
-    /// Hugging Face Hub endpoint for `hf://` adapters (the token comes from `HF_TOKEN`).
+    /// Hugging Face Hub endpoint for `hf://` adapters; the only origin `HF_TOKEN` is ever sent to.
     #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
     pub hf_endpoint: String,
+    /// Most bytes one adapter's download may have (default: the free space of `--adapter-dir`; the
+    /// operator passes the adapter store volume's `sizeLimit`).
+    #[arg(long, env = "MODELFLEET_MAX_ADAPTER_BYTES")]
+    pub max_adapter_bytes: Option<u64>,
+    /// Longest one adapter's download and verification may take, seconds.
+    #[arg(long, env = "MODELFLEET_ADAPTER_FETCH_TIMEOUT_SECONDS", default_value_t = 100)]
+    pub adapter_fetch_timeout_seconds: u64,
+    /// Start-up adapters (`--adapters-file`) loading at once.
+    #[arg(long, env = "MODELFLEET_STARTUP_ADAPTER_CONCURRENCY", default_value_t = 4)]
+    pub startup_adapter_concurrency: usize,
+    /// Longest `/ready` waits for the start-up adapters, seconds; one not loaded by then is listed as
+    /// failed and keeps loading in the background.
+    #[arg(
+        long,
+        env = "MODELFLEET_STARTUP_ADAPTER_DEADLINE_SECONDS",
+        default_value_t = 120
+    )]
+    pub startup_adapter_deadline_seconds: u64,
     /// Longest request `timeout`, seconds (also the default).
     #[arg(long, env = "MODELFLEET_MAX_REQUEST_TIMEOUT", default_value_t = 600.0)]
     pub max_request_timeout: f64,
@@ -331,6 +349,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             },
             hf_endpoint: args.hf_endpoint.clone(),
             token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
+            fetch_limits: crate::fetch::Limits {
+                max_bytes: args.max_adapter_bytes,
+                timeout: Some(Duration::from_secs(args.adapter_fetch_timeout_seconds.max(1))),
+            },
         },
         engine.model_dir().config.clone(),
         name.clone(),
@@ -373,12 +395,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         st.served_name,
         st.engine.model_dir().path.display()
     );
-    // Start-up adapters load while the server listens (so liveness holds); `/ready` waits for them.
+    // Start-up adapters load while the server listens (so liveness holds); `/ready` waits for them, up
+    // to the deadline.
     {
         let st = st.clone();
+        let policy = crate::adapters::startup::StartupPolicy {
+            concurrency: args.startup_adapter_concurrency.max(1),
+            deadline: Duration::from_secs(args.startup_adapter_deadline_seconds),
+        };
         tokio::spawn(async move {
             if let Some(file) = startup_adapters {
-                crate::adapters::startup::load_all(&st.adapters, file).await;
+                crate::adapters::startup::load_all(st.adapters.clone(), file, policy).await;
             }
             st.adapters_ready.store(true, Ordering::SeqCst);
         });
