@@ -35,7 +35,10 @@ pub fn free_space(path: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it filled the struct.
     let st = unsafe { st.assume_init() };
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    // The field types differ between targets (32-bit on some), hence the casts.
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, size) = (st.f_bavail as u64, st.f_frsize as u64);
+    Some(blocks.saturating_mul(size))
 }
 
 /// The bytes one artifact may still take.
