@@ -7,10 +7,16 @@
 //!   `axum` feature, `IntoResponse` for it).
 //! - [`tenants`]: the tenants file (API keys → tenants and quotas), parsed and checked in constant time.
 //! - [`metric_names`]: metric names the runtime exports and the gateway and operator read.
+//! - [`exposition`]: reading a Prometheus `/metrics` page (the gateway reads pods' load with it).
+//! - `listener` (with the `axum` feature): a bounded HTTP/1.1 listener — connection cap, header read
+//!   deadline and size cap, graceful stop.
 //!
 //! Invariants: no engine, no HTTP server state; nothing here logs or echoes an API key.
 
 pub mod error;
+pub mod exposition;
+#[cfg(feature = "axum")]
+pub mod listener;
 pub mod metric_names;
 pub mod response;
 pub mod tenants;

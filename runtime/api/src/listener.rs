@@ -1,0 +1,207 @@
+//! A bounded HTTP/1.1 listener for axum routers: a cap on open connections, a deadline for each
+//! request's headers, a cap on their size, and a graceful stop. `axum::serve` has none of these knobs,
+//! so a slow or hostile client could hold connections and buffers without limit.
+//!
+//! Invariants: at most `max_connections` connections are served at once — one over the cap is accepted
+//! and closed at once (the client learns immediately, nothing waits in an unbounded queue); a client
+//! that does not finish its headers within `header_read_timeout` is disconnected; headers larger than
+//! `max_header_bytes` are refused by hyper (431); after `shutdown` fires no connection is accepted, each
+//! open one finishes its request in flight and closes, and [`serve`] returns once all have closed (the
+//! caller bounds that wait). Request bodies are bounded by the handlers, which read them with a size
+//! cap and a read deadline (see the gateway's `body.rs`), after authentication.
+//!
+//! Used by the fleet gateway (`modelfleet-gateway`); written to be reused by the runtime server.
+
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+/// The bounds of one listener.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Connections served at once; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// Time a client has to send a request's complete headers.
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line + headers), bytes (at least 8 KiB: hyper's minimum buffer).
+    pub max_header_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 << 10,
+        }
+    }
+}
+
+/// Serves `app` on `listener` within `limits` until `shutdown` completes, then lets open connections
+/// finish their request in flight and returns when all are closed.
+pub async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8 << 10))
+        .keep_alive(true);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = &mut shutdown => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            // Out of file descriptors or a connection reset before accept: back off briefly.
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            drop(stream); // over the cap: closed at once
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let builder = builder.clone();
+        let mut stop = stop_rx.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let stopped = tokio::select! {
+                _ = conn.as_mut() => false,
+                r = stop.wait_for(|s| *s) => r.is_ok(),
+            };
+            if stopped {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    while connections.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    async fn start(limits: Limits) -> (SocketAddr, watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().route(
+            "/slow",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "done"
+            }),
+        );
+        let (tx, mut rx) = watch::channel(false);
+        let task = tokio::spawn(serve(listener, app, limits, async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }));
+        (addr, tx, task)
+    }
+
+    async fn get(addr: SocketAddr) -> std::io::Result<String> {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_cap_are_closed_at_once() {
+        let (addr, _tx, _task) = start(Limits {
+            max_connections: 2,
+            ..Limits::default()
+        })
+        .await;
+        let a = tokio::spawn(get(addr));
+        let b = tokio::spawn(get(addr));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = std::time::Instant::now();
+        let third = get(addr).await.unwrap_or_default();
+        assert!(third.is_empty(), "the third connection was served: {third}");
+        assert!(t0.elapsed() < Duration::from_millis(200), "refused late");
+        assert!(a.await.unwrap().unwrap().contains("done"));
+        assert!(b.await.unwrap().unwrap().contains("done"));
+        // Capacity is back once they closed.
+        assert!(get(addr).await.unwrap().contains("done"));
+    }
+
+    #[tokio::test]
+    async fn slow_headers_are_cut_off() {
+        let (addr, _tx, _task) = start(Limits {
+            header_read_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        })
+        .await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+        let mut buf = Vec::new();
+        let t0 = std::time::Instant::now();
+        let read = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "the connection stayed open");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        assert!(!String::from_utf8_lossy(&buf).contains("done"));
+    }
+
+    #[tokio::test]
+    async fn oversized_headers_are_refused() {
+        let (addr, _tx, _task) = start(Limits {
+            max_header_bytes: 8 << 10,
+            ..Limits::default()
+        })
+        .await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let big = "a".repeat(20 << 10);
+        let _ = s
+            .write_all(format!("GET /slow HTTP/1.1\r\nhost: x\r\nx-big: {big}\r\n\r\n").as_bytes())
+            .await;
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut buf)).await;
+        let text = String::from_utf8_lossy(&buf);
+        assert!(!text.contains("done"), "{text}");
+        assert!(text.is_empty() || text.starts_with("HTTP/1.1 431"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn shutdown_finishes_requests_in_flight() {
+        let (addr, tx, task) = start(Limits::default()).await;
+        let inflight = tokio::spawn(get(addr));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tx.send(true).unwrap();
+        assert!(inflight.await.unwrap().unwrap().contains("done"));
+        tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .expect("serve returns once connections closed")
+            .unwrap();
+        assert!(TcpStream::connect(addr).await.is_err(), "still accepting");
+    }
+}

@@ -1,0 +1,43 @@
+//! `modelfleet-gateway`: the fleet's front door. `run` serves one authenticated OpenAI endpoint for
+//! every ModelDeployment in its scope (docs/design.md, "Gateway"; flags in docs/operations.md).
+
+use clap::{Parser, Subcommand};
+use modelfleet_gateway::config::RunArgs;
+use std::process::ExitCode;
+
+/// The modelfleet fleet gateway.
+#[derive(Parser, Debug)]
+#[command(name = "modelfleet-gateway", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the OpenAI API for the ModelDeployments in scope.
+    Run(RunArgs),
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let Command::Run(args) = Cli::parse().command;
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("modelfleet-gateway: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(modelfleet_gateway::serve::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "modelfleet-gateway failed");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! Forwarding one authorized request: choose a pod, send the body unchanged, and commit to the first
+//! answer worth giving — retrying on another pod, within the request's deadline and at most
+//! `--retries` times, when the failure came before the first byte: connect refused, a reset before the
+//! first body byte, the pod's 503 (draining), its 429 `queue_full`, or its 404 for an adapter it has
+//! not loaded. A tenant-quota 429 and every other answer go to the client as the pod gave them.
+//!
+//! Invariants: nothing is retried once a byte reached the client; a stream whose pod fails midway
+//! ends with `data: {"error": …}` and `data: [DONE]` (a JSON answer is cut off, which the client sees
+//! as an incomplete body), never a hang — a pod silent for `--upstream-idle-timeout` counts as failed;
+//! a client that goes away drops the upstream response, which closes the pod's connection, so the pod
+//! cancels the request and frees its KV blocks; the in-flight count, the quota and the record live as
+//! long as the response body.
+
+use crate::edge::{Authorized, QuotaGuard};
+use crate::fleet::Pod;
+use crate::load::InflightGuard;
+use crate::record::Record;
+use crate::request::{Routed, affinity_key};
+use crate::route::{choose, ready_deployment};
+use crate::state::Gateway;
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use modelfleet_api::error::{ApiError, ApiErrorKind};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Response header naming the pod that served (`--pod-header`).
+pub const POD_HEADER: &str = "x-modelfleet-pod";
+/// Largest error body read from a pod to decide whether to retry.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// Headers that describe one connection, not the request (RFC 9110 §7.6.1), plus those recomputed.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+    )
+}
+
+/// The request's headers as sent on (the caller's `Authorization` included, unchanged).
+pub fn upstream_headers(h: &HeaderMap) -> HeaderMap {
+    h.iter()
+        .filter(|(k, _)| !hop_by_hop(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// One request to forward.
+pub struct Job {
+    /// Who and where.
+    pub auth: Authorized,
+    /// What routing read of the body.
+    pub routed: Routed,
+    /// `/v1/chat/completions` or `/v1/completions`.
+    pub path: String,
+    /// Headers to send.
+    pub headers: HeaderMap,
+    /// The body, unchanged.
+    pub body: Bytes,
+    /// First byte by then, or 504.
+    pub deadline: Instant,
+    /// When it arrived.
+    pub arrival: Instant,
+    /// Its tenant's quota slot.
+    pub quota: QuotaGuard,
+    /// Its accounting.
+    pub record: Record,
+}
+
+/// An answer from a pod that was not streamed (an error worth retrying, or the last one).
+struct Buffered {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// Why an attempt failed before the first byte (another pod may do better).
+enum Failure {
+    /// The pod answered with an error worth retrying (kept to forward if no other pod does better).
+    Answer(Buffered, Pod),
+    /// The connection failed.
+    Transport(String),
+}
+
+/// Forwards `job`, retrying as the module header says.
+pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
+    let id = job.auth.deployment.id.clone();
+    let model = job.routed.model.clone();
+    let pending_until = job.deadline.min(job.arrival + gw.settings.max_pending_wait);
+    let scope = if job.auth.deployment.shared_prefix_cache {
+        "deployment".to_string()
+    } else {
+        format!("tenant:{}", job.auth.tenant.id)
+    };
+    let key = affinity_key(&scope, job.auth.adapter.as_deref(), &job.routed);
+    let mut tried: Vec<String> = Vec::new();
+    let mut last: Option<Failure> = None;
+    for attempt in 0..=gw.settings.retries {
+        let d = match ready_deployment(&gw, &id, &model, pending_until).await {
+            Ok(d) => d,
+            Err(e) => return fail(&mut job.record, e),
+        };
+        let Some(choice) = choose(&gw, &d, key, job.auth.adapter.as_deref(), &tried) else {
+            break;
+        };
+        if attempt > 0 {
+            gw.metrics.retries.with_label_values(&[&id.name]).inc();
+        }
+        gw.metrics
+            .route
+            .with_label_values(&[&id.name, choice.decision.label()])
+            .inc();
+        job.record.attempts += 1;
+        tried.push(choice.pod.name.clone());
+        let inflight = gw.loads.start(&choice.pod.name);
+        let resp = match send(&gw, &job, &choice.pod).await {
+            Ok(resp) => resp,
+            Err(Some(f)) => {
+                remember(&mut last, f);
+                continue;
+            }
+            Err(None) => return fail(&mut job.record, timeout(&model)),
+        };
+        match judge(&gw, &job, &choice.pod, resp).await {
+            Judged::Stream(resp, first) => return commit(&gw, job, choice.pod, resp, first, inflight),
+            Judged::Retry(b) => remember(&mut last, Failure::Answer(b, choice.pod)),
+            Judged::Final(b) => return buffered_response(&gw, &mut job.record, b, &choice.pod),
+            Judged::Reset(why) => remember(&mut last, Failure::Transport(why)),
+            Judged::Timeout => return fail(&mut job.record, timeout(&model)),
+        }
+        if Instant::now() >= job.deadline {
+            return fail(&mut job.record, timeout(&model));
+        }
+    }
+    match last {
+        Some(Failure::Answer(b, pod)) => buffered_response(&gw, &mut job.record, b, &pod),
+        Some(Failure::Transport(why)) => fail(
+            &mut job.record,
+            ApiError {
+                code: Some("upstream_unreachable".into()),
+                ..ApiError::new(
+                    ApiErrorKind::BadGateway,
+                    format!("no replica of `{model}` could take the request: {why}"),
+                )
+            },
+        ),
+        None => fail(
+            &mut job.record,
+            ApiError::new(
+                ApiErrorKind::Unavailable,
+                format!("`{model}` has no replica to try"),
+            ),
+        ),
+    }
+}
+
+/// Keeps the failure to report if no pod does better: a pod's own answer (it says why, e.g. draining or
+/// a full queue, with `Retry-After`) over a connection failure, else the latest.
+fn remember(last: &mut Option<Failure>, f: Failure) {
+    if matches!(f, Failure::Transport(_)) && matches!(last, Some(Failure::Answer(..))) {
+        return;
+    }
+    *last = Some(f);
+}
+
+fn timeout(model: &str) -> ApiError {
+    ApiError::new(
+        ApiErrorKind::Timeout,
+        format!("`{model}` did not start answering before the request's deadline"),
+    )
+}
+
+/// Answers with a gateway error and records it.
+pub fn fail(record: &mut Record, e: ApiError) -> Response {
+    record.finish(&e.status().to_string());
+    e.into_response()
+}
+
+/// Sends the request to `pod` and waits for its response head: `Err(None)` when the deadline passed.
+async fn send(gw: &Gateway, job: &Job, pod: &Pod) -> Result<reqwest::Response, Option<Failure>> {
+    let url = format!("http://{}:{}{}", pod.ip, gw.settings.pod_port, job.path);
+    let request = gw
+        .client
+        .post(url)
+        .headers(job.headers.clone())
+        .body(job.body.clone())
+        .send();
+    match tokio::time::timeout_at(job.deadline, request).await {
+        Ok(Ok(resp)) => Ok(resp),
+        Ok(Err(e)) => {
+            if e.is_connect() {
+                gw.loads.eject(&pod.name);
+            }
+            Err(Some(Failure::Transport(format!(
+                "{}: {}",
+                pod.name,
+                error_chain(&e)
+            ))))
+        }
+        Err(_) => Err(None),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+enum Judged {
+    /// Commit: the response and its first body chunk (empty if the body is empty).
+    Stream(reqwest::Response, Bytes),
+    Retry(Buffered),
+    Final(Buffered),
+    Reset(String),
+    Timeout,
+}
+
+async fn read_small(resp: &mut reqwest::Response, deadline: Instant) -> Result<Bytes, String> {
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Ok(Ok(Some(c))) => {
+                if out.len() + c.len() > MAX_ERROR_BODY {
+                    return Err("error body too large".into());
+                }
+                out.extend_from_slice(&c);
+            }
+            Ok(Ok(None)) => return Ok(out.into()),
+            Ok(Err(e)) => return Err(error_chain(&e)),
+            Err(_) => return Err("deadline".into()),
+        }
+    }
+}
+
+fn error_code(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v["error"]["code"].as_str().map(str::to_string)
+}
+
+/// Decides what to do with a pod's response head.
+async fn judge(gw: &Gateway, job: &Job, pod: &Pod, mut resp: reqwest::Response) -> Judged {
+    let status = resp.status();
+    let retryable_status = status == StatusCode::SERVICE_UNAVAILABLE
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || (status == StatusCode::NOT_FOUND && job.auth.adapter.is_some());
+    if retryable_status {
+        let headers = resp.headers().clone();
+        let body = match read_small(&mut resp, job.deadline).await {
+            Ok(b) => b,
+            Err(why) => return Judged::Reset(format!("{}: {why}", pod.name)),
+        };
+        let code = error_code(&body);
+        let b = Buffered {
+            status,
+            headers,
+            body,
+        };
+        let retry = status != StatusCode::TOO_MANY_REQUESTS || code.as_deref() == Some("queue_full");
+        return if retry { Judged::Retry(b) } else { Judged::Final(b) };
+    }
+    let sent = Instant::now();
+    match tokio::time::timeout_at(job.deadline, resp.chunk()).await {
+        Ok(Ok(first)) => {
+            gw.metrics
+                .upstream_ttft
+                .with_label_values(&[&job.auth.deployment.id.name])
+                .observe(sent.elapsed().as_secs_f64());
+            gw.loads.restore(&pod.name);
+            Judged::Stream(resp, first.unwrap_or_default())
+        }
+        Ok(Err(e)) => Judged::Reset(format!(
+            "{}: reset before the first byte: {}",
+            pod.name,
+            error_chain(&e)
+        )),
+        Err(_) => Judged::Timeout,
+    }
+}
+
+fn response_head(
+    gw: &Gateway,
+    status: StatusCode,
+    headers: &HeaderMap,
+    pod: &Pod,
+) -> axum::http::response::Builder {
+    let mut builder = Response::builder().status(status);
+    for (k, v) in headers {
+        if !hop_by_hop(k) || k == header::CONTENT_LENGTH {
+            builder = builder.header(k, v);
+        }
+    }
+    if gw.settings.pod_header
+        && !pod.name.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&pod.name)
+    {
+        builder = builder.header(POD_HEADER, v);
+    }
+    builder
+}
+
+fn buffered_response(gw: &Gateway, record: &mut Record, b: Buffered, pod: &Pod) -> Response {
+    record.pod = pod.name.clone();
+    record.finish(b.status.as_str());
+    response_head(gw, b.status, &b.headers, pod)
+        .body(Body::from(b.body))
+        .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
+}
+
+/// What a streamed body carries along until it ends.
+struct Streaming {
+    resp: reqwest::Response,
+    first: Option<Bytes>,
+    sse: bool,
+    idle: Duration,
+    done: bool,
+    record: Record,
+    _inflight: InflightGuard,
+    _quota: QuotaGuard,
+}
+
+fn stream_error(why: &str) -> Bytes {
+    let e = ApiError {
+        code: Some("upstream_failed".into()),
+        ..ApiError::new(
+            ApiErrorKind::BadGateway,
+            format!("the replica serving this stream failed: {why}"),
+        )
+    };
+    Bytes::from(format!("data: {}\n\ndata: [DONE]\n\n", e.body()))
+}
+
+/// Starts the client's response: the pod's status and headers, then its body as it comes.
+fn commit(
+    gw: &Gateway,
+    mut job: Job,
+    pod: Pod,
+    resp: reqwest::Response,
+    first: Bytes,
+    inflight: InflightGuard,
+) -> Response {
+    job.record.pod = pod.name.clone();
+    let status = resp.status();
+    let sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let head = response_head(gw, status, resp.headers(), &pod);
+    let ok = status.is_success();
+    let state = Streaming {
+        resp,
+        first: Some(first),
+        sse,
+        idle: gw.settings.upstream_idle_timeout,
+        done: false,
+        record: job.record,
+        _inflight: inflight,
+        _quota: job.quota,
+    };
+    let body = futures::stream::unfold(state, move |mut s| async move {
+        if s.done {
+            return None;
+        }
+        if let Some(first) = s.first.take()
+            && !first.is_empty()
+        {
+            return Some((Ok(first), s));
+        }
+        let outcome = if ok {
+            "ok".to_string()
+        } else {
+            s.resp.status().as_str().to_string()
+        };
+        match tokio::time::timeout(s.idle, s.resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => Some((Ok(chunk), s)),
+            Ok(Ok(None)) => {
+                s.record.finish(&outcome);
+                None
+            }
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => error_chain(&e),
+                    _ => format!("no data for {:?}", s.idle),
+                };
+                s.done = true;
+                s.record.finish("stream_error");
+                if s.sse {
+                    Some((Ok(stream_error(&why)), s))
+                } else {
+                    Some((Err(std::io::Error::other(why)), s))
+                }
+            }
+        }
+    });
+    head.body(Body::from_stream(body))
+        .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
+}
