@@ -125,7 +125,11 @@ async fn a_burst_of_ten_times_the_queue_cap_gets_fast_429s_and_memory_stays_flat
         rejected.len(),
         p99.as_secs_f64() * 1e3
     );
-    assert!(p99 < Duration::from_millis(50), "429 p99 {p99:?}");
+    // A 429 is decided at admission, without waiting for the engine: 250 ms is far below what a
+    // queued request waits here (several engine steps behind 4 running sequences) yet leaves room for
+    // a loaded 2-core CI machine (64 ms seen there against ~5 ms idle). The figure itself is reported
+    // by the benchmark, not asserted.
+    assert!(p99 < Duration::from_millis(250), "429 p99 {p99:?}");
     assert!(
         after * 10 <= steady * 11,
         "RSS grew from {steady} KiB to {after} KiB"
