@@ -2,6 +2,8 @@
 //! (`modelfleet-gateway`) share, so both speak one API with one set of errors.
 //!
 //! - [`wire`]: OpenAI request bodies, parsed strictly (unknown and unsupported fields refused by name).
+//! - [`structured`]: structured output (`response_format`, vLLM's `structured_outputs`/`guided_*`) and
+//!   tools (`tools`, `tool_choice`), checked for shape and size; one constraint per request.
 //! - [`response`]: the response bodies (also the OpenAPI schemas).
 //! - [`error`]: the one mapping from failures to OpenAI's error shape and HTTP status codes (with the
 //!   `axum` feature, `IntoResponse` for it).
@@ -19,5 +21,6 @@ pub mod exposition;
 pub mod listener;
 pub mod metric_names;
 pub mod response;
+pub mod structured;
 pub mod tenants;
 pub mod wire;

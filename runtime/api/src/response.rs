@@ -1,6 +1,7 @@
 //! OpenAI response bodies (what the server writes), shared by the handlers and the OpenAPI document.
-//! Field names and shapes are OpenAI's; `finish_reason` adds `cancelled`, `timeout` and `error`
-//! (docs/design.md), and `usage.prompt_tokens_details.cached_tokens` reports prefix-cache hits.
+//! Field names and shapes are OpenAI's (`finish_reason: tool_calls` ends an answer that called tools);
+//! `finish_reason` adds `cancelled`, `timeout` and `error` (docs/design.md), and
+//! `usage.prompt_tokens_details.cached_tokens` reports prefix-cache hits.
 
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -62,8 +63,59 @@ pub struct ChatLogprobs {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The generated text.
-    pub content: String,
+    /// The generated text (`null` when the answer is tool calls only).
+    pub content: Option<String>,
+    /// The calls the model made, when `tools` were given and it called any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// A tool call in an answer.
+#[derive(Serialize, JsonSchema, Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    /// `call_…`: a later `tool` message answers it by this id.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub type_: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// A called function.
+#[derive(Serialize, JsonSchema, Clone, Debug, PartialEq)]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments as JSON text (valid against its `parameters`, unless generation was cut short).
+    pub arguments: String,
+}
+
+/// A streamed piece of a tool call: the first piece of a call has its `id`, `type` and name, later
+/// pieces add to `arguments`.
+#[derive(Serialize, JsonSchema, Clone, Debug, PartialEq)]
+pub struct ToolCallDelta {
+    /// Which call of the choice (0, 1, …).
+    pub index: u32,
+    /// The call's id (first piece only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first piece only).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<&'static str>,
+    /// The function's name and an arguments fragment.
+    pub function: FunctionCallDelta,
+}
+
+/// A streamed piece of a called function.
+#[derive(Serialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+pub struct FunctionCallDelta {
+    /// The function's name (first piece only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next fragment of the arguments' JSON text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// One chat choice.
@@ -75,7 +127,7 @@ pub struct ChatChoice {
     pub message: AssistantMessage,
     /// Logprobs, when asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop`, `length`, `cancelled`, `timeout` or `error`.
+    /// `stop`, `length`, `tool_calls`, `cancelled`, `timeout` or `error`.
     pub finish_reason: String,
 }
 
@@ -105,6 +157,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New tool-call pieces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chat chunk.

@@ -3,23 +3,20 @@
 //! `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `seed`, `cache_salt`, `priority`).
 //!
 //! Invariants: an unknown field is an error, never ignored; a field of the wrong JSON type is an error
-//! naming its path (`messages[2].content`); OpenAI features not built yet (`tools`, `response_format`, …)
+//! naming its path (`messages[2].content`); OpenAI features not built yet (`audio`, `functions`, …)
 //! are refused by name; harmless bookkeeping fields (`user`, `store`, `metadata`) are accepted and unused.
 //! Range checks of sampling parameters live with the engine's `SamplingParams` validation.
 
 use crate::error::ApiError;
+use crate::structured::{ResponseFormat, StructuredOutputs, Tool, ToolCallIn, ToolChoice};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 
 /// OpenAI features refused (400) until they are built, with what to say.
 pub const NOT_SUPPORTED_YET: &[&str] = &[
-    "response_format",
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
-    "parallel_tool_calls",
     "audio",
     "modalities",
     "prediction",
@@ -28,10 +25,8 @@ pub const NOT_SUPPORTED_YET: &[&str] = &[
     "service_tier",
     "suffix",
     "best_of",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
+    "guided_decoding_backend",
+    "guided_whitespace_pattern",
 ];
 
 /// `stop`: one string or several.
@@ -89,7 +84,7 @@ pub enum MessageContent {
 #[derive(Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ChatMessage {
-    /// `system`, `developer`, `user` or `assistant`.
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The content (may be absent only for assistant messages).
     #[serde(default)]
@@ -97,6 +92,12 @@ pub struct ChatMessage {
     /// Optional participant name.
     #[serde(default)]
     pub name: Option<String>,
+    /// An assistant message's tool calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` message: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 /// Sampling and stopping fields shared by both endpoints.
@@ -148,6 +149,32 @@ pub struct Sampling {
     pub store: Option<bool>,
     /// Accepted, unused.
     pub metadata: Option<BTreeMap<String, String>>,
+    /// OpenAI: `text`, `json_object`, or `json_schema` with a schema the output follows.
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM: one of `json`, `regex`, `choice`, `grammar`, `json_object`.
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// vLLM (older name): a JSON schema, as an object or its text.
+    pub guided_json: Option<serde_json::Value>,
+    /// vLLM (older name): a regular expression.
+    pub guided_regex: Option<String>,
+    /// vLLM (older name): the output is one of these strings.
+    pub guided_choice: Option<Vec<String>>,
+    /// vLLM (older name): a Lark grammar.
+    pub guided_grammar: Option<String>,
+}
+
+impl Sampling {
+    /// The constraint fields, for [`crate::structured::ConstraintFields::resolve`].
+    pub fn constraint_fields(&self) -> crate::structured::ConstraintFields<'_> {
+        crate::structured::ConstraintFields {
+            response_format: self.response_format.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_ref(),
+            guided_choice: self.guided_choice.as_ref(),
+            guided_grammar: self.guided_grammar.as_ref(),
+        }
+    }
 }
 
 /// The fields of [`Sampling`], for the unknown-field check.
@@ -175,6 +202,12 @@ const SAMPLING_FIELDS: &[&str] = &[
     "user",
     "store",
     "metadata",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
 ];
 
 /// `POST /v1/chat/completions`.
@@ -194,6 +227,12 @@ pub struct ChatCompletionRequest {
     pub top_logprobs: Option<u32>,
     /// Append the assistant turn's opening (default true).
     pub add_generation_prompt: Option<bool>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<Tool>>,
+    /// `none`, `auto` (the default with tools), `required`, or a named function.
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether one answer may hold several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// Sampling and stopping (parsed separately so errors keep their field paths).
     #[serde(skip)]
     pub sampling: Sampling,
@@ -207,6 +246,9 @@ const CHAT_FIELDS: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "add_generation_prompt",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 
 /// A completions prompt: text, texts, token ids, or lists of token ids.
@@ -311,15 +353,16 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
         ));
     }
     for (i, m) in req.messages.iter().enumerate() {
-        if !["system", "developer", "user", "assistant"].contains(&m.role.as_str()) {
+        if !["system", "developer", "user", "assistant", "tool"].contains(&m.role.as_str()) {
             return Err(ApiError::invalid(
                 format!("messages[{i}].role"),
                 format!(
-                    "`messages[{i}].role` must be system, developer, user or assistant, got {:?}",
+                    "`messages[{i}].role` must be system, developer, user, assistant or tool, got {:?}",
                     m.role
                 ),
             ));
         }
+        crate::structured::check_message_tools(i, m)?;
         if let Some(MessageContent::Parts(parts)) = &m.content {
             for (j, p) in parts.iter().enumerate() {
                 if p.type_ != "text" || p.text.is_none() {
@@ -415,11 +458,26 @@ mod tests {
     #[test]
     fn refuses_with_the_field_named() {
         let m = r#""model":"tiny","messages":[{"role":"user","content":"x"}]"#;
-        check(&format!("{{{m},\"tools\":[]}}"), "tools", "not supported yet");
+        check(&format!("{{{m},\"functions\":[]}}"), "functions", "not supported yet");
         check(
-            &format!("{{{m},\"response_format\":{{\"type\":\"json_object\"}}}}"),
-            "response_format",
-            "not supported yet",
+            &format!("{{{m},\"response_format\":{{\"type\":\"xml\"}}}}"),
+            "response_format.type",
+            "unknown variant",
+        );
+        check(
+            &format!("{{{m},\"tools\":[{{\"type\":\"function\",\"function\":{{\"name\":\"f\",\"x\":1}}}}]}}"),
+            "tools[0].function.x",
+            "unknown field",
+        );
+        check(
+            r#"{"model":"tiny","messages":[{"role":"tool","content":"42"}]}"#,
+            "messages[0].tool_call_id",
+            "is required",
+        );
+        check(
+            r#"{"model":"tiny","messages":[{"role":"user","content":"x","tool_calls":[]}]}"#,
+            "messages[0].tool_calls",
+            "only for assistant",
         );
         check(
             &format!("{{{m},\"temprature\":0.5}}"),

@@ -62,6 +62,10 @@ pub enum EngineError {
         /// What is wrong, including the limit.
         message: String,
     },
+    /// A structured-output constraint could not be compiled (bad schema, regex or grammar; over a limit;
+    /// a tokenizer the token trie cannot describe) or failed while decoding.
+    #[error("{0}")]
+    Constraint(String),
     /// A forward batch is malformed (a bug in the caller, reported rather than panicking).
     #[error("invalid batch: {0}")]
     Batch(String),
@@ -86,6 +90,7 @@ impl EngineError {
             EngineError::Tokenizer { .. } => "tokenizer",
             EngineError::Template(_) => "template",
             EngineError::InvalidParam { .. } => "invalid_param",
+            EngineError::Constraint(_) => "constraint",
             EngineError::Batch(_) => "batch",
             EngineError::OutOfBlocks { .. } => "out_of_blocks",
         }

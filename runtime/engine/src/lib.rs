@@ -12,6 +12,8 @@
 //!   Q6_K), and [`model::LlamaModel::forward`], one step over a batch of prefill chunks and decode
 //!   tokens, on any [`modelfleet_kernels::Kernels`] backend.
 //! - [`sampling`]: parameter validation, logits processors, greedy/seeded sampling with logprobs.
+//! - [`constraint`]: structured output — JSON schema, regex, choice and Lark grammars compiled with
+//!   llguidance over our tokenizer's token trie (cached per model), masks applied while decoding.
 //! - [`stop`]: stop conditions and the hold-back buffer for stop strings.
 //! - [`sequence`]: one request's generation state (sampler RNG, penalties, stop checker, detokenizer)
 //!   turning a row of logits into the next token and its text.
@@ -24,6 +26,7 @@
 //! - One error type, [`EngineError`]; errors from files name the file and the field or tensor.
 //! - Nothing here panics on bad input files or parameters.
 
+pub mod constraint;
 mod engine;
 pub mod error;
 pub mod kv;

@@ -3,11 +3,17 @@
 //! detokenizer and the stop-string buffer. [`Sequence::step`] turns the request's row of logits into
 //! the next token, the text it makes safe to emit, and whether the request is finished.
 //!
+//! A structured-output constraint lives here too: its grammar state masks the row after the other
+//! processors, advances with each committed token, and ends the request with `stop` once the grammar
+//! is complete (nothing may follow). It is part of the sequence, so preemption keeps it and dropping
+//! the sequence (finish, cancel) frees it.
+//!
 //! Invariants: one RNG draw per generated token (so a seed reproduces a request whatever shares its
 //! batch); EOS (unless `ignore_eos`) and `stop_token_ids` stop with reason `stop` and their text is not
 //! emitted; stop strings are checked only once `min_tokens` tokens exist (vLLM's rule); on any finish the
 //! held-back text that is not part of a stop string is flushed, so no text is lost.
 
+use crate::constraint::GrammarState;
 use crate::error::Result;
 use crate::sampling::{SampleOutput, TokenHistory, ValidSamplingParams, processors, sample};
 use crate::stop::{FinishReason, StopStrings};
@@ -43,6 +49,8 @@ pub struct Sequence {
     max_model_len: usize,
     output: Vec<u32>,
     finished: Option<FinishReason>,
+    /// The structured-output grammar's state, for a constrained request.
+    grammar: Option<GrammarState>,
 }
 
 impl Sequence {
@@ -59,6 +67,7 @@ impl Sequence {
             max_model_len,
             output: Vec::new(),
             finished: None,
+            grammar: params.constraint.as_ref().map(|g| g.start()),
             params,
         }
     }
@@ -78,6 +87,15 @@ impl Sequence {
         let mut row = logits.to_vec();
         let eos: &[u32] = if self.params.ignore_eos { &[] } else { &self.eos };
         processors::apply(&mut row, &self.params, &self.history, eos);
+        if let Some(g) = &mut self.grammar {
+            g.mask(&mut row)?;
+            if !row.iter().any(|&l| l > f32::NEG_INFINITY) {
+                // The processors took every token the grammar allows (`min_tokens` hiding the EOS
+                // that alone completes it, or stop ids): the grammar wins.
+                row.copy_from_slice(logits);
+                g.apply_last(&mut row);
+            }
+        }
         let sampled = sample(&mut row, &self.params, &mut self.rng);
         let token = sampled.chosen.token;
         self.history.push(token);
@@ -89,6 +107,12 @@ impl Sequence {
         if eos.contains(&token) || self.params.stop_token_ids.contains(&token) {
             finish = Some(FinishReason::Stop);
         } else {
+            if let Some(g) = &mut self.grammar {
+                g.commit(token)?;
+                if g.is_finished() {
+                    finish = Some(FinishReason::Stop);
+                }
+            }
             let delta = self.detok.push(tokenizer, token)?;
             if self.output.len() < self.params.min_tokens {
                 text = delta;

@@ -4,7 +4,9 @@
 //! `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `seed`. Errors name the
 //! parameter and its limit, in the style of the TGI router's validation.
 
+use crate::constraint::CompiledGrammar;
 use crate::error::{EngineError, Result};
+use std::sync::Arc;
 
 /// Most `top_logprobs` a request may ask for (OpenAI's limit).
 pub const MAX_LOGPROBS: usize = 20;
@@ -51,6 +53,8 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// Drop special tokens from the output text.
     pub skip_special_tokens: bool,
+    /// A structured-output grammar the output must follow (its mask is applied before sampling).
+    pub constraint: Option<Arc<CompiledGrammar>>,
 }
 
 impl Default for SamplingParams {
@@ -74,6 +78,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             skip_special_tokens: true,
+            constraint: None,
         }
     }
 }
@@ -199,6 +204,24 @@ impl SamplingParams {
                 "top_logprobs",
                 format!("must be in [0, {MAX_LOGPROBS}], got {n}"),
             ));
+        }
+        if let Some(g) = &self.constraint {
+            if g.vocab_size() != vocab_size {
+                return Err(bad(
+                    "constraint",
+                    format!(
+                        "was compiled for {} tokens, the model has {vocab_size}",
+                        g.vocab_size()
+                    ),
+                ));
+            }
+            if self.ignore_eos {
+                return Err(bad(
+                    "ignore_eos",
+                    "cannot be combined with structured output (the grammar decides where the output ends)"
+                        .into(),
+                ));
+            }
         }
         Ok(ValidSamplingParams(self))
     }

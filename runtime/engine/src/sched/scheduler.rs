@@ -642,6 +642,8 @@ impl Scheduler {
             timings,
             message,
         };
+        // Its sampling state (a grammar state included) goes before anyone hears it ended.
+        drop(e.seq);
         if let Some(hook) = &self.hook {
             hook(&e.tenant, &finished);
         }

@@ -15,10 +15,26 @@ use std::collections::BTreeMap;
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, … (templates decide what they accept).
+    /// `system`, `user`, `assistant`, `tool`, … (templates decide what they accept).
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant message's tool calls (Hugging Face's convention: `tool_calls[i].function` with
+    /// `name` and `arguments` as an object when they parse as JSON).
+    pub tool_calls: Vec<ToolCallMessage>,
+    /// A `tool` message: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+/// A tool call in the history, as templates see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCallMessage {
+    /// The call's id.
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// The arguments (an object when the caller's JSON text parsed, else the text itself).
+    pub arguments: serde_json::Value,
 }
 
 impl ChatMessage {
@@ -27,7 +43,28 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
+    }
+
+    /// The message as a template sees it.
+    fn to_value(&self) -> Value {
+        let mut m = serde_json::json!({"role": self.role, "content": self.content});
+        if !self.tool_calls.is_empty() {
+            m["tool_calls"] = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    serde_json::json!({"id": c.id, "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect();
+        }
+        if let Some(id) = &self.tool_call_id {
+            m["tool_call_id"] = id.as_str().into();
+        }
+        Value::from(minijinja::value::Serde(&m))
     }
 }
 
@@ -36,7 +73,12 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// Whether the template writes the `tools` it is given into the prompt (probed at load).
+    renders_tools: bool,
 }
+
+/// The name of the tool the load-time probe offers the template.
+const PROBE_TOOL: &str = "modelfleet_probe_tool";
 
 const NAME: &str = "chat_template";
 
@@ -59,26 +101,45 @@ impl ChatTemplate {
         });
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| EngineError::Template(describe(&e)))?;
-        Ok(Self {
+        let mut t = Self {
             env,
             bos_token: bos_token.unwrap_or("").into(),
             eos_token: eos_token.unwrap_or("").into(),
-        })
+            renders_tools: false,
+        };
+        let probe = serde_json::json!([{"type": "function", "function": {"name": PROBE_TOOL,
+            "description": "", "parameters": {"type": "object", "properties": {}}}}]);
+        t.renders_tools = t
+            .render_with_tools(&[ChatMessage::new("user", "hi")], Some(&probe), true)
+            .is_ok_and(|text| text.contains(PROBE_TOOL));
+        Ok(t)
+    }
+
+    /// Whether the template writes the `tools` it is given (Hugging Face's `tools` variable) into the
+    /// prompt. ChatML templates such as SmolLM2's do not; then the server describes the tools itself.
+    pub fn renders_tools(&self) -> bool {
+        self.renders_tools
     }
 
     /// Renders `messages`; with `add_generation_prompt` the template opens the assistant's turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let msgs: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                let mut o = BTreeMap::new();
-                o.insert("role", Value::from(m.role.as_str()));
-                o.insert("content", Value::from(m.content.as_str()));
-                Value::from(o)
-            })
-            .collect();
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`render`](Self::render), passing `tools` (a list of `{"type": "function", "function": …}`) to
+    /// the template as Hugging Face's `apply_chat_template(tools=…)` does.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let msgs: Vec<Value> = messages.iter().map(ChatMessage::to_value).collect();
         let mut ctx = BTreeMap::new();
         ctx.insert("messages", Value::from(msgs));
+        if let Some(tools) = tools {
+            ctx.insert("tools", Value::from(minijinja::value::Serde(tools)));
+        }
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         ctx.insert("bos_token", Value::from(self.bos_token.as_str()));
         ctx.insert("eos_token", Value::from(self.eos_token.as_str()));
@@ -223,6 +284,32 @@ mod tests {
             ],
             false,
             Ok("\"a\\\"b\"\"c\"|2"),
+        );
+    }
+
+    /// A Hermes/Qwen-style template: tools in the system turn, calls and tool results in the history.
+    const WITH_TOOLS: &str = "{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>\n{% endif %}{%- for m in messages %}{% if m.tool_calls is defined %}{% for c in m.tool_calls %}<call>{{ c.function.name }} {{ c.function.arguments | tojson }}</call>{% endfor %}{% elif m.role == 'tool' %}<result id={{ m.tool_call_id }}>{{ m.content }}</result>{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}";
+
+    #[test]
+    fn tools_and_calls_reach_templates_that_render_them() {
+        let t = ChatTemplate::new(WITH_TOOLS, None, None).unwrap();
+        assert!(t.renders_tools());
+        assert!(!ChatTemplate::new(SMOLLM2, None, None).unwrap().renders_tools());
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = vec![ToolCallMessage {
+            id: "c1".into(),
+            name: "get_weather".into(),
+            arguments: serde_json::json!({"city": "Paris"}),
+        }];
+        let mut result = ChatMessage::new("tool", "18C");
+        result.tool_call_id = Some("c1".into());
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather"}}]);
+        let out = t
+            .render_with_tools(&[ChatMessage::new("user", "weather?"), call, result], Some(&tools), false)
+            .unwrap();
+        assert_eq!(
+            out,
+            "<tools>get_weather;</tools>\nuser: weather?\n<call>get_weather {\"city\": \"Paris\"}</call><result id=c1>18C</result>"
         );
     }
 

@@ -11,7 +11,7 @@ mod detok;
 mod generation_config;
 pub(crate) mod gguf;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, ToolCallMessage};
 pub use detok::IncrementalDetokenizer;
 pub use generation_config::GenerationConfig;
 
@@ -72,6 +72,11 @@ impl Tokenizer {
     /// The id of a token string.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    /// The `tokenizers` tokenizer underneath (the constraint module reads its vocabulary and decoder).
+    pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
     }
 
     /// Vocabulary size including added tokens.

@@ -13,6 +13,8 @@ pub mod openapi;
 pub mod params;
 mod routes;
 pub mod state;
+mod structured;
+mod tools;
 
 use crate::tenants::{self, Auth};
 use anyhow::{Context, bail};
@@ -358,7 +360,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         name.clone(),
         lora_metrics,
     );
+    let grammars = structured::grammars(engine.model_dir()).await;
     let st = Arc::new(AppState {
+        grammars,
         adapters: Arc::new(registry),
         adapters_ready: Default::default(),
         engine: Arc::new(engine),

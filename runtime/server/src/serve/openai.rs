@@ -5,9 +5,11 @@
 use super::generate::{self, ChoiceOut, ChoiceSpec, JobSpec, Running};
 use super::params::{fit_context, sampling_params};
 use super::state::AppState;
+use super::{structured, tools};
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::response::*;
-use crate::api::wire::{self, MessageContent, Prompt, Sampling};
+use crate::api::structured::{ToolMode, tool_plan};
+use crate::api::wire::{self, Prompt, Sampling};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -17,7 +19,6 @@ use futures::StreamExt;
 use modelfleet_engine::sampling::SampleOutput;
 use modelfleet_engine::sched::RequestEvent;
 use modelfleet_engine::stop::FinishReason;
-use modelfleet_engine::tokenizer::ChatMessage;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -141,23 +142,15 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
     st.check_open(&tenant)?;
     let req = wire::parse_chat(&body(raw)?)?;
     let choice = st.check_model(&req.model, &tenant)?;
+    let plan = tool_plan(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+    let requested = req.sampling.constraint_fields().resolve()?;
     let md = st.model().clone();
     let template = md.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("messages", "this model has no chat template; use /v1/completions")
     })?;
-    let messages: Vec<ChatMessage> = req
-        .messages
-        .iter()
-        .map(|m| {
-            let role = if m.role == "developer" { "system" } else { &m.role };
-            ChatMessage::new(
-                role,
-                m.content.as_ref().map(MessageContent::text).unwrap_or_default(),
-            )
-        })
-        .collect();
+    let (messages, tools_value) = tools::messages(&plan, &req.messages, template.renders_tools());
     let text = template
-        .render(&messages, req.add_generation_prompt.unwrap_or(true))
+        .render_with_tools(&messages, tools_value.as_ref(), req.add_generation_prompt.unwrap_or(true))
         .map_err(|e| ApiError::invalid("messages", format!("the chat template refused the messages: {e}")))?;
     let prompt = md
         .tokenizer
@@ -165,13 +158,14 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let logprobs = logprobs_count(req.logprobs, req.top_logprobs)?;
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
-    let (base, n) = sampling_params(
+    let (mut base, n) = sampling_params(
         &req.sampling,
         max_tokens,
         logprobs,
         md.config.vocab_size,
         &st.limits,
     )?;
+    base.constraint = structured::for_request(&st, requested, tools::grammar::lark(&plan)).await?;
     let specs = choice_specs(&st, vec![prompt], base, n)?;
     let mut job = job(tenant, &req.model, &req.sampling, arrival)?;
     job.adapter = generate::acquire_adapter(&st, &choice, &job).await?;
@@ -184,12 +178,17 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
         .as_ref()
         .is_some_and(|o| o.include_usage);
     let with_logprobs = logprobs.is_some();
+    let with_tools = plan.mode != ToolMode::None;
     if stream {
         return stream_response(
             st,
             (job.tenant.id.clone(), job.model.clone()),
             running,
-            Flavor::Chat { id, with_logprobs },
+            Flavor::Chat {
+                id,
+                with_logprobs,
+                with_tools,
+            },
             include_usage,
         )
         .await;
@@ -199,14 +198,14 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
         .keys
         .iter()
         .zip(&done.outs)
-        .map(|(&(_, index), o)| ChatChoice {
-            index,
-            message: AssistantMessage {
-                role: "assistant",
-                content: o.text.clone(),
-            },
-            logprobs: with_logprobs.then(|| chat_logprobs(&st, &o.logprobs)),
-            finish_reason: o.finish_reason(),
+        .map(|(&(_, index), o)| {
+            let (message, finish_reason) = tools::answer(with_tools, &o.text, &id, index, o.finish_reason());
+            ChatChoice {
+                index,
+                message,
+                logprobs: with_logprobs.then(|| chat_logprobs(&st, &o.logprobs)),
+                finish_reason,
+            }
         })
         .collect();
     let usage = done.usage();
@@ -311,13 +310,15 @@ async fn completions_inner(
         ));
     }
     let logprobs = req.logprobs.map(|n| n as usize);
-    let (base, n) = sampling_params(
+    let (mut base, n) = sampling_params(
         &req.sampling,
         Some(req.max_tokens.unwrap_or(16)),
         logprobs,
         md.config.vocab_size,
         &st.limits,
     )?;
+    let requested = req.sampling.constraint_fields().resolve()?;
+    base.constraint = structured::for_request(&st, requested, None).await?;
     let echo: Vec<String> = if req.echo.unwrap_or(false) {
         prompts
             .iter()
@@ -375,6 +376,8 @@ enum Flavor {
     Chat {
         id: String,
         with_logprobs: bool,
+        /// Parse tool calls into `delta.tool_calls`.
+        with_tools: bool,
     },
     Completion {
         id: String,
@@ -409,6 +412,7 @@ async fn stream_response(
     let created = unix_now();
     tokio::spawn(async move {
         let mut outs: Vec<ChoiceOut> = keys.iter().map(|_| ChoiceOut::default()).collect();
+        let mut parsers = tools::stream_parsers(&flavor_tools(&flavor), &keys);
         // Opening chunks.
         for (i, &(_, index)) in keys.iter().enumerate() {
             let ev = match &flavor {
@@ -422,6 +426,7 @@ async fn stream_response(
                         delta: ChatDelta {
                             role: Some("assistant"),
                             content: Some(String::new()),
+                            tool_calls: None,
                         },
                         logprobs: None,
                         finish_reason: None,
@@ -454,24 +459,28 @@ async fn stream_response(
                     (None, Some(f.reason.as_str().to_owned()))
                 }
             };
-            if text.is_empty() && lp.is_none() && finish.is_none() {
+            let delta = match &flavor {
+                Flavor::Chat { .. } => Some(tools::stream_delta(parsers[i].as_mut(), &text, finish.is_some())),
+                Flavor::Completion { .. } => None,
+            };
+            let empty = delta.as_ref().map_or(text.is_empty(), |d| {
+                d.tool_calls.is_none() && d.content.as_deref().is_none_or(str::is_empty)
+            });
+            if empty && lp.is_none() && finish.is_none() {
                 next = events.next().await;
                 continue;
             }
             let chunk = match &flavor {
-                Flavor::Chat { id, with_logprobs } => sse_json(&ChatCompletionChunk {
+                Flavor::Chat { id, with_logprobs, .. } => sse_json(&ChatCompletionChunk {
                     id: id.clone(),
                     object: "chat.completion.chunk",
                     created,
                     model: model.clone(),
                     choices: vec![ChatChunkChoice {
                         index,
-                        delta: ChatDelta {
-                            role: None,
-                            content: (!text.is_empty() || finish.is_none()).then_some(text),
-                        },
+                        delta: delta.unwrap_or_default(),
                         logprobs: (*with_logprobs && lp.is_some()).then(|| chat_logprobs(&st, lp.as_slice())),
-                        finish_reason: finish,
+                        finish_reason: finish.map(|f| tools::finish_reason(parsers[i].as_ref(), f)),
                     }],
                     usage: None,
                 }),
@@ -519,6 +528,16 @@ async fn stream_response(
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
     Ok(Sse::new(body).into_response())
+}
+
+/// The id prefix of tool calls, when a chat stream parses them.
+fn flavor_tools(flavor: &Flavor) -> Option<String> {
+    match flavor {
+        Flavor::Chat {
+            id, with_tools: true, ..
+        } => Some(id.clone()),
+        _ => None,
+    }
 }
 
 fn completion_chunk(

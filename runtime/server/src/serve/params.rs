@@ -135,6 +135,7 @@ pub fn sampling_params(
         ignore_eos: s.ignore_eos.unwrap_or(false),
         logprobs,
         skip_special_tokens: s.skip_special_tokens.unwrap_or(true),
+        constraint: None,
     };
     Ok((p, n))
 }

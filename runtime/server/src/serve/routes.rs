@@ -11,7 +11,6 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use modelfleet_engine::tokenizer::ChatMessage;
 use serde::Deserialize;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -151,15 +150,9 @@ async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawB
                     .chat_template
                     .as_ref()
                     .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
-                let msgs: Vec<ChatMessage> = msgs
-                    .iter()
-                    .map(|m| {
-                        ChatMessage::new(
-                            m.role.clone(),
-                            m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
-                        )
-                    })
-                    .collect();
+                // The history renders as in a chat request without tools (calls and results included).
+                let no_tools = crate::api::structured::tool_plan(None, None, None)?;
+                let (msgs, _) = super::tools::messages(&no_tools, msgs, template.renders_tools());
                 let text = template
                     .render(&msgs, req.add_generation_prompt.unwrap_or(true))
                     .map_err(|e| ApiError::invalid("messages", e.to_string()))?;

@@ -43,6 +43,8 @@ pub struct AppState {
     pub adapters: Arc<Registry>,
     /// Set once the start-up adapters were loaded (or recorded as failed): `/ready` waits for it.
     pub adapters_ready: AtomicBool,
+    /// Structured output: the model's grammar compiler and cache, or why it has none.
+    pub grammars: super::structured::GrammarSupport,
 }
 
 impl AppState {

