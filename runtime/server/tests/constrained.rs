@@ -62,7 +62,13 @@ fn start(dir: &Path, num_kv_blocks: usize, max_num_seqs: usize) -> EngineHandle 
 
 fn grammars(dir: &Path) -> Grammars {
     let md = ModelDir::open(dir).unwrap();
-    Grammars::new(&md.tokenizer, md.config.vocab_size, &md.eos_token_ids, GrammarLimits::default()).unwrap()
+    Grammars::new(
+        &md.tokenizer,
+        md.config.vocab_size,
+        &md.eos_token_ids,
+        GrammarLimits::default(),
+    )
+    .unwrap()
 }
 
 const SCHEMA: &str = r#"{"type":"object","properties":{
@@ -76,8 +82,15 @@ fn check_instance(text: &str) {
     assert!((0..=99).contains(&id), "{text}");
     let tags = v["tags"].as_array().unwrap();
     assert!((1..=3).contains(&tags.len()), "{text}");
-    assert!(tags.iter().all(|t| ["a", "bb", "ccc"].contains(&t.as_str().unwrap())), "{text}");
-    assert!(v["ok"].is_boolean() && v.as_object().unwrap().len() == 3, "{text}");
+    assert!(
+        tags.iter()
+            .all(|t| ["a", "bb", "ccc"].contains(&t.as_str().unwrap())),
+        "{text}"
+    );
+    assert!(
+        v["ok"].is_boolean() && v.as_object().unwrap().len() == 3,
+        "{text}"
+    );
 }
 
 fn request(h: &EngineHandle, prompt: Vec<u32>, p: SamplingParams) -> Request {
@@ -95,7 +108,9 @@ fn request(h: &EngineHandle, prompt: Vec<u32>, p: SamplingParams) -> Request {
 }
 
 fn prompt(salt: u32) -> Vec<u32> {
-    (0..12u32).map(|i| 20 + (i * 7 + salt * 31 + i * i * 3) % 400).collect()
+    (0..12u32)
+        .map(|i| 20 + (i * 7 + salt * 31 + i * i * 3) % 400)
+        .collect()
 }
 
 fn collect(mut s: RequestStream) -> (Vec<u32>, String, Finished) {
@@ -123,7 +138,9 @@ fn submit(h: &EngineHandle, r: Request) -> RequestStream {
 fn constrained_outputs_are_valid_alone_batched_and_preempted() {
     let dir = tiny_model();
     let gs = grammars(dir.path());
-    let g = gs.compile(&ConstraintSpec::JsonSchema(serde_json::from_str(SCHEMA).unwrap())).unwrap();
+    let g = gs
+        .compile(&ConstraintSpec::JsonSchema(serde_json::from_str(SCHEMA).unwrap()))
+        .unwrap();
     let greedy = |_: u32| SamplingParams {
         constraint: Some(g.clone()),
         ..SamplingParams::greedy(60)
@@ -138,14 +155,30 @@ fn constrained_outputs_are_valid_alone_batched_and_preempted() {
     let roomy = start(dir.path(), 1024, 16);
     let alone: Vec<_> = (0..6)
         .map(|i| {
-            let (tokens, text, f) = collect(submit(&roomy, request(&roomy, prompt(i), if i < 3 { greedy(i) } else { seeded(i as u64) })));
+            let (tokens, text, f) = collect(submit(
+                &roomy,
+                request(
+                    &roomy,
+                    prompt(i),
+                    if i < 3 { greedy(i) } else { seeded(i as u64) },
+                ),
+            ));
             assert_eq!(f.reason, FinishReason::Stop, "{text}");
             check_instance(&text);
             tokens
         })
         .collect();
     let streams: Vec<_> = (0..6)
-        .map(|i| submit(&roomy, request(&roomy, prompt(i), if i < 3 { greedy(i) } else { seeded(i as u64) })))
+        .map(|i| {
+            submit(
+                &roomy,
+                request(
+                    &roomy,
+                    prompt(i),
+                    if i < 3 { greedy(i) } else { seeded(i as u64) },
+                ),
+            )
+        })
         .collect();
     let batched: Vec<_> = streams.into_iter().map(|s| collect(s).0).collect();
     assert_eq!(alone, batched, "the same alone or batched (greedy and seeded)");
@@ -154,7 +187,16 @@ fn constrained_outputs_are_valid_alone_batched_and_preempted() {
     // preemption is certain.
     let tight = start(dir.path(), 24, 16);
     let streams: Vec<_> = (0..6)
-        .map(|i| submit(&tight, request(&tight, prompt(i), if i < 3 { greedy(i) } else { seeded(i as u64) })))
+        .map(|i| {
+            submit(
+                &tight,
+                request(
+                    &tight,
+                    prompt(i),
+                    if i < 3 { greedy(i) } else { seeded(i as u64) },
+                ),
+            )
+        })
         .collect();
     let mut preemptions = 0;
     let preempted: Vec<_> = streams
@@ -168,7 +210,10 @@ fn constrained_outputs_are_valid_alone_batched_and_preempted() {
         })
         .collect();
     assert!(preemptions > 0, "the tight pool preempted nothing");
-    assert_eq!(alone, preempted, "recompute after preemption resumes the grammar where it was");
+    assert_eq!(
+        alone, preempted,
+        "recompute after preemption resumes the grammar where it was"
+    );
     assert_eq!(gs.live_states(), 0, "finished requests freed their states");
 }
 
@@ -178,34 +223,79 @@ fn constraints_compose_and_cut_short_is_length() {
     let gs = grammars(dir.path());
     let h = start(dir.path(), 1024, 8);
     let md = ModelDir::open(dir.path()).unwrap();
-    let g = gs.compile(&ConstraintSpec::JsonSchema(serde_json::from_str(SCHEMA).unwrap())).unwrap();
+    let g = gs
+        .compile(&ConstraintSpec::JsonSchema(serde_json::from_str(SCHEMA).unwrap()))
+        .unwrap();
     // max_tokens too small for any instance: `length`, and what came is a prefix of valid JSON.
-    let (_, text, f) = collect(submit(&h, request(&h, prompt(1), SamplingParams { constraint: Some(g.clone()), ..SamplingParams::greedy(4) })));
+    let (_, text, f) = collect(submit(
+        &h,
+        request(
+            &h,
+            prompt(1),
+            SamplingParams {
+                constraint: Some(g.clone()),
+                ..SamplingParams::greedy(4)
+            },
+        ),
+    ));
     assert_eq!(f.reason, FinishReason::Length);
     assert!(text.starts_with("{\"id"), "{text}");
     // A stop string inside the grammar's output cuts it there (the caller's choice).
-    let (_, text, f) = collect(submit(&h, request(&h, prompt(1), SamplingParams {
-        constraint: Some(g.clone()),
-        stop: vec!["\"tags\"".into()],
-        ..SamplingParams::greedy(120)
-    })));
-    assert_eq!((f.reason, text.ends_with(',')), (FinishReason::Stop, true), "{text}");
+    let (_, text, f) = collect(submit(
+        &h,
+        request(
+            &h,
+            prompt(1),
+            SamplingParams {
+                constraint: Some(g.clone()),
+                stop: vec!["\"tags\"".into()],
+                ..SamplingParams::greedy(120)
+            },
+        ),
+    ));
+    assert_eq!(
+        (f.reason, text.ends_with(',')),
+        (FinishReason::Stop, true),
+        "{text}"
+    );
     // logit_bias and penalties change which valid instance comes, never validity; min_tokens longer
     // than the grammar allows gives way to the grammar.
     let comma = md.tokenizer.encode(",", false).unwrap()[0];
     for p in [
-        SamplingParams { logit_bias: vec![(comma, -100.0)], ..SamplingParams::greedy(120) },
-        SamplingParams { repetition_penalty: 1.5, presence_penalty: 1.0, frequency_penalty: 1.0, ..SamplingParams::greedy(120) },
-        SamplingParams { min_tokens: 100, ..SamplingParams::greedy(120) },
+        SamplingParams {
+            logit_bias: vec![(comma, -100.0)],
+            ..SamplingParams::greedy(120)
+        },
+        SamplingParams {
+            repetition_penalty: 1.5,
+            presence_penalty: 1.0,
+            frequency_penalty: 1.0,
+            ..SamplingParams::greedy(120)
+        },
+        SamplingParams {
+            min_tokens: 100,
+            ..SamplingParams::greedy(120)
+        },
     ] {
-        let p = SamplingParams { constraint: Some(g.clone()), ..p };
+        let p = SamplingParams {
+            constraint: Some(g.clone()),
+            ..p
+        };
         let (_, text, f) = collect(submit(&h, request(&h, prompt(2), p)));
         assert_eq!(f.reason, FinishReason::Stop, "{text}");
         check_instance(&text);
     }
     // Choice and regex through the loop.
-    let choice = gs.compile(&ConstraintSpec::Choice(vec!["yes".into(), "no".into(), "maybe not".into()])).unwrap();
-    let rx = gs.compile(&ConstraintSpec::Regex("[0-9]{3}-[a-z]{2,4}".into())).unwrap();
+    let choice = gs
+        .compile(&ConstraintSpec::Choice(vec![
+            "yes".into(),
+            "no".into(),
+            "maybe not".into(),
+        ]))
+        .unwrap();
+    let rx = gs
+        .compile(&ConstraintSpec::Regex("[0-9]{3}-[a-z]{2,4}".into()))
+        .unwrap();
     for seed in 0..8 {
         let sample = |c: &Arc<_>| SamplingParams {
             constraint: Some(Arc::clone(c)),
@@ -217,8 +307,14 @@ fn constraints_compose_and_cut_short_is_length() {
         assert!(["yes", "no", "maybe not"].contains(&text.as_str()), "{text}");
         let (_, text, _) = collect(submit(&h, request(&h, prompt(seed as u32), sample(&rx))));
         let (digits, letters) = text.split_once('-').unwrap();
-        assert!(digits.len() == 3 && digits.chars().all(|c| c.is_ascii_digit()), "{text}");
-        assert!((2..=4).contains(&letters.len()) && letters.chars().all(|c| c.is_ascii_lowercase()), "{text}");
+        assert!(
+            digits.len() == 3 && digits.chars().all(|c| c.is_ascii_digit()),
+            "{text}"
+        );
+        assert!(
+            (2..=4).contains(&letters.len()) && letters.chars().all(|c| c.is_ascii_lowercase()),
+            "{text}"
+        );
     }
     assert_eq!(gs.live_states(), 0);
 }
@@ -230,13 +326,19 @@ fn cancelled_requests_free_their_grammar_state() {
     let h = start(dir.path(), 1024, 8);
     // Letters until a `!` that the bias keeps away: these requests do not end by themselves.
     let g = gs.compile(&ConstraintSpec::Regex("[a-z]*!".into())).unwrap();
-    let bang = ModelDir::open(dir.path()).unwrap().tokenizer.encode("!", false).unwrap()[0];
+    let bang = ModelDir::open(dir.path())
+        .unwrap()
+        .tokenizer
+        .encode("!", false)
+        .unwrap()[0];
     let p = SamplingParams {
         constraint: Some(g.clone()),
         logit_bias: vec![(bang, -100.0)],
         ..SamplingParams::greedy(200)
     };
-    let mut streams: Vec<_> = (0..4).map(|i| submit(&h, request(&h, prompt(i), p.clone()))).collect();
+    let mut streams: Vec<_> = (0..4)
+        .map(|i| submit(&h, request(&h, prompt(i), p.clone())))
+        .collect();
     for s in &mut streams {
         assert!(matches!(s.blocking_next(), Some(RequestEvent::Token(_))));
     }
@@ -248,4 +350,3 @@ fn cancelled_requests_free_their_grammar_state() {
     }
     assert_eq!(gs.live_states(), 0, "dropped streams freed their grammar states");
 }
-

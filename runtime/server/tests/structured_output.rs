@@ -20,7 +20,10 @@ fn structured_output_and_tools_with_the_openai_client_on_smollm2() {
         &["--max-num-seqs", "16", "--max-model-len", "2048"],
         |_| Vec::new(),
     );
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/test_structured_output.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/test_structured_output.py"
+    );
     let out = Command::new("python3")
         .args(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", script])
         .env("MF_BASE_URL", server.base())
@@ -34,5 +37,8 @@ fn structured_output_and_tools_with_the_openai_client_on_smollm2() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{text}");
-    assert!(out.status.success(), "the structured-output client tests failed:\n{text}");
+    assert!(
+        out.status.success(),
+        "the structured-output client tests failed:\n{text}"
+    );
 }

@@ -183,7 +183,9 @@ impl Grammars {
             live: self.live.clone(),
         };
         // A grammar that admits nothing fails here rather than on the request's first token.
-        g.start().allows(0).map_err(|e| EngineError::Constraint(shorten(&e.to_string())))?;
+        g.start()
+            .allows(0)
+            .map_err(|e| EngineError::Constraint(shorten(&e.to_string())))?;
         Ok(Arc::new(g))
     }
 

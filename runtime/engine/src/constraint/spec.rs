@@ -83,20 +83,29 @@ impl ConstraintSpec {
     /// llguidance's input for this constraint (checks what can be checked before compiling).
     pub(crate) fn grammar(&self) -> Result<TopLevelGrammar> {
         Ok(match self {
-            ConstraintSpec::JsonSchema(schema) => TopLevelGrammar::from_json_schema(with_json_options(schema)?),
+            ConstraintSpec::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(with_json_options(schema)?)
+            }
             ConstraintSpec::JsonObject => {
                 TopLevelGrammar::from_json_schema(with_json_options(&json!({"type": "object"}))?)
             }
             ConstraintSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             ConstraintSpec::Choice(choices) => {
                 if choices.is_empty() {
-                    return Err(EngineError::Constraint("a choice needs at least one option".into()));
+                    return Err(EngineError::Constraint(
+                        "a choice needs at least one option".into(),
+                    ));
                 }
                 if choices.iter().any(String::is_empty) {
-                    return Err(EngineError::Constraint("choices must not be empty strings".into()));
+                    return Err(EngineError::Constraint(
+                        "choices must not be empty strings".into(),
+                    ));
                 }
                 // Lark string literals are JSON strings, so JSON escaping quotes them exactly.
-                let alternatives: Vec<String> = choices.iter().map(|c| Value::from(c.as_str()).to_string()).collect();
+                let alternatives: Vec<String> = choices
+                    .iter()
+                    .map(|c| Value::from(c.as_str()).to_string())
+                    .collect();
                 TopLevelGrammar::from_lark(format!("start: {}\n", alternatives.join(" | ")))
             }
             ConstraintSpec::Lark(g) => {
@@ -118,7 +127,9 @@ mod tests {
     #[test]
     fn keys_ignore_whitespace_but_not_property_order() {
         let a: Value = serde_json::from_str(r#"{"type":"object","properties":{"a":{},"b":{}}}"#).unwrap();
-        let a2: Value = serde_json::from_str("{ \"type\" : \"object\",\n \"properties\": {\"a\": {}, \"b\": {}} }").unwrap();
+        let a2: Value =
+            serde_json::from_str("{ \"type\" : \"object\",\n \"properties\": {\"a\": {}, \"b\": {}} }")
+                .unwrap();
         let b: Value = serde_json::from_str(r#"{"type":"object","properties":{"b":{},"a":{}}}"#).unwrap();
         let k = |v: &Value| ConstraintSpec::JsonSchema(v.clone()).key();
         assert_eq!(k(&a), k(&a2));

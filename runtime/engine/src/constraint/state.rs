@@ -108,7 +108,10 @@ impl GrammarState {
     /// Takes back the last `n` committed tokens.
     pub fn rollback(&mut self, n: usize) -> Result<()> {
         if n > self.consumed {
-            return Err(err("rollback", format!("{n} tokens asked, {} consumed", self.consumed)));
+            return Err(err(
+                "rollback",
+                format!("{n} tokens asked, {} consumed", self.consumed),
+            ));
         }
         self.last_mask = None;
         self.matcher.rollback(n).map_err(|e| err("rollback", e))?;

@@ -71,18 +71,33 @@ fn json_schema_walks_give_compact_valid_instances() {
 #[test]
 fn regex_and_choice_walks_match() {
     let (t, gs) = grammars();
-    let rx = gs.compile(&ConstraintSpec::Regex("[a-c]{2,4}-[0-9]".into())).unwrap();
+    let rx = gs
+        .compile(&ConstraintSpec::Regex("[a-c]{2,4}-[0-9]".into()))
+        .unwrap();
     let choice = gs
-        .compile(&ConstraintSpec::Choice(vec!["hello".into(), "help".into(), "\"quoted\"".into()]))
+        .compile(&ConstraintSpec::Choice(vec![
+            "hello".into(),
+            "help".into(),
+            "\"quoted\"".into(),
+        ]))
         .unwrap();
     for seed in 0..30 {
         let (text, done) = walk(&t, &rx, seed, 50);
         assert!(done, "{text}");
         let (head, digit) = text.split_once('-').unwrap();
-        assert!((2..=4).contains(&head.len()) && head.chars().all(|c| ('a'..='c').contains(&c)), "{text}");
-        assert!(digit.len() == 1 && digit.chars().all(|c| c.is_ascii_digit()), "{text}");
+        assert!(
+            (2..=4).contains(&head.len()) && head.chars().all(|c| ('a'..='c').contains(&c)),
+            "{text}"
+        );
+        assert!(
+            digit.len() == 1 && digit.chars().all(|c| c.is_ascii_digit()),
+            "{text}"
+        );
         let (text, done) = walk(&t, &choice, seed, 50);
-        assert!(done && ["hello", "help", "\"quoted\""].contains(&text.as_str()), "{text}");
+        assert!(
+            done && ["hello", "help", "\"quoted\""].contains(&text.as_str()),
+            "{text}"
+        );
     }
 }
 
@@ -146,10 +161,20 @@ fn rollback_restores_the_mask_and_states_are_counted() {
 fn bad_constraints_are_refused_with_the_reason() {
     let (_, gs) = grammars();
     let e = |spec: ConstraintSpec| gs.compile(&spec).err().unwrap().to_string();
-    assert!(e(ConstraintSpec::Regex("a(b".into())).to_lowercase().contains("regex"), "{}", e(ConstraintSpec::Regex("a(b".into())));
-    let m = e(ConstraintSpec::JsonSchema(json!({"type": "object", "uniqueItems": true})));
+    assert!(
+        e(ConstraintSpec::Regex("a(b".into()))
+            .to_lowercase()
+            .contains("regex"),
+        "{}",
+        e(ConstraintSpec::Regex("a(b".into()))
+    );
+    let m = e(ConstraintSpec::JsonSchema(
+        json!({"type": "object", "uniqueItems": true}),
+    ));
     assert!(m.contains("uniqueItems"), "{m}");
-    let m = e(ConstraintSpec::JsonSchema(json!({"type": "integer", "minimum": 5, "maximum": 1})));
+    let m = e(ConstraintSpec::JsonSchema(
+        json!({"type": "integer", "minimum": 5, "maximum": 1}),
+    ));
     assert!(!m.is_empty());
     let m = e(ConstraintSpec::Lark("start: foo".into()));
     assert!(m.contains("foo"), "{m}");

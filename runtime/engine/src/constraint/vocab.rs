@@ -156,11 +156,14 @@ impl Vocab {
     /// The trie of `tokenizer` for a model with `vocab_size` logits, ending at `eos` ids.
     pub(crate) fn new(tokenizer: &Tokenizer, vocab_size: usize, eos: &[u32]) -> Result<Self> {
         let words = token_bytes(tokenizer, vocab_size)?;
-        let eos: Vec<u32> = eos.iter().copied().filter(|&e| (e as usize) < vocab_size).collect();
+        let eos: Vec<u32> = eos
+            .iter()
+            .copied()
+            .filter(|&e| (e as usize) < vocab_size)
+            .collect();
         let Some(&first) = eos.first() else {
             return Err(EngineError::Constraint(
-                "structured output is not available for this model: it has no end-of-sequence token"
-                    .into(),
+                "structured output is not available for this model: it has no end-of-sequence token".into(),
             ));
         };
         let info = TokRxInfo::new(vocab_size as u32, first);
@@ -170,7 +173,9 @@ impl Vocab {
             tokenizer: tokenizer.hf().clone(),
             canonical: false,
         };
-        v.canonical = PROBES.iter().all(|p| v.trie.decode_raw(&v.encode(p)) == p.as_bytes());
+        v.canonical = PROBES
+            .iter()
+            .all(|p| v.trie.decode_raw(&v.encode(p)) == p.as_bytes());
         Ok(v)
     }
 
@@ -213,7 +218,10 @@ mod tests {
         // `<|end|>` (0) and `<|start|>` (1) are special: marked, never text.
         assert_eq!(v.trie.token(0)[0], TokTrie::SPECIAL_TOKEN_MARKER);
         assert!(v.trie.is_special_token(1));
-        assert!(v.trie.token(t.vocab_size() as u32).is_empty(), "padding rows have no bytes");
+        assert!(
+            v.trie.token(t.vocab_size() as u32).is_empty(),
+            "padding rows have no bytes"
+        );
         assert!(v.canonical);
     }
 

@@ -305,7 +305,11 @@ mod tests {
         result.tool_call_id = Some("c1".into());
         let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather"}}]);
         let out = t
-            .render_with_tools(&[ChatMessage::new("user", "weather?"), call, result], Some(&tools), false)
+            .render_with_tools(
+                &[ChatMessage::new("user", "weather?"), call, result],
+                Some(&tools),
+                false,
+            )
             .unwrap();
         assert_eq!(
             out,

@@ -142,7 +142,11 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
     st.check_open(&tenant)?;
     let req = wire::parse_chat(&body(raw)?)?;
     let choice = st.check_model(&req.model, &tenant)?;
-    let plan = tool_plan(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+    let plan = tool_plan(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )?;
     let requested = req.sampling.constraint_fields().resolve()?;
     let md = st.model().clone();
     let template = md.chat_template.as_ref().ok_or_else(|| {
@@ -150,7 +154,11 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
     })?;
     let (messages, tools_value) = tools::messages(&plan, &req.messages, template.renders_tools());
     let text = template
-        .render_with_tools(&messages, tools_value.as_ref(), req.add_generation_prompt.unwrap_or(true))
+        .render_with_tools(
+            &messages,
+            tools_value.as_ref(),
+            req.add_generation_prompt.unwrap_or(true),
+        )
         .map_err(|e| ApiError::invalid("messages", format!("the chat template refused the messages: {e}")))?;
     let prompt = md
         .tokenizer
@@ -460,7 +468,9 @@ async fn stream_response(
                 }
             };
             let delta = match &flavor {
-                Flavor::Chat { .. } => Some(tools::stream_delta(parsers[i].as_mut(), &text, finish.is_some())),
+                Flavor::Chat { .. } => {
+                    Some(tools::stream_delta(parsers[i].as_mut(), &text, finish.is_some()))
+                }
                 Flavor::Completion { .. } => None,
             };
             let empty = delta.as_ref().map_or(text.is_empty(), |d| {
@@ -471,7 +481,9 @@ async fn stream_response(
                 continue;
             }
             let chunk = match &flavor {
-                Flavor::Chat { id, with_logprobs, .. } => sse_json(&ChatCompletionChunk {
+                Flavor::Chat {
+                    id, with_logprobs, ..
+                } => sse_json(&ChatCompletionChunk {
                     id: id.clone(),
                     object: "chat.completion.chunk",
                     created,

@@ -23,7 +23,12 @@ pub async fn grammars(md: &Arc<ModelDir>) -> GrammarSupport {
     let md = md.clone();
     let t0 = std::time::Instant::now();
     let built = tokio::task::spawn_blocking(move || {
-        Grammars::new(&md.tokenizer, md.config.vocab_size, &md.eos_token_ids, GrammarLimits::default())
+        Grammars::new(
+            &md.tokenizer,
+            md.config.vocab_size,
+            &md.eos_token_ids,
+            GrammarLimits::default(),
+        )
     })
     .await;
     match built {

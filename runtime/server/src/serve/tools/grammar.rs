@@ -123,11 +123,23 @@ mod tests {
     #[test]
     fn references_are_relocated_and_calls_listed() {
         let s = body_schema(&plan(json!("required"), None));
-        assert_eq!(s["$defs"]["tool0"]["properties"]["p"]["$ref"], "#/$defs/tool0/$defs/P");
-        assert_eq!(s["$defs"]["tool0"]["properties"]["q"]["const"]["$ref"], "#/x", "data untouched");
+        assert_eq!(
+            s["$defs"]["tool0"]["properties"]["p"]["$ref"],
+            "#/$defs/tool0/$defs/P"
+        );
+        assert_eq!(
+            s["$defs"]["tool0"]["properties"]["q"]["const"]["$ref"], "#/x",
+            "data untouched"
+        );
         assert_eq!(s["anyOf"][1]["properties"]["name"]["const"], "b");
-        assert_eq!(s["$defs"]["tool1"]["additionalProperties"], false, "no parameters: {{}} only");
-        let named = body_schema(&plan(json!({"type": "function", "function": {"name": "b"}}), None));
+        assert_eq!(
+            s["$defs"]["tool1"]["additionalProperties"], false,
+            "no parameters: {{}} only"
+        );
+        let named = body_schema(&plan(
+            json!({"type": "function", "function": {"name": "b"}}),
+            None,
+        ));
         assert_eq!(named["properties"]["name"]["const"], "b");
         assert!(named.get("anyOf").is_none());
     }

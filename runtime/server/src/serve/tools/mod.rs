@@ -22,9 +22,9 @@ pub mod parse;
 
 use crate::api::response::{AssistantMessage, ChatDelta};
 use crate::api::structured::{FunctionDef, ToolMode, ToolPlan};
-use parse::CallParser;
 use crate::api::wire::{ChatMessage as WireMessage, MessageContent};
 use modelfleet_engine::tokenizer::{ChatMessage, ToolCallMessage};
+use parse::CallParser;
 use serde_json::{Value, json};
 
 /// Opens a call.
@@ -40,7 +40,10 @@ fn function_json(f: &FunctionDef) -> Value {
     if let Some(d) = &f.description {
         v["description"] = d.as_str().into();
     }
-    v["parameters"] = f.parameters.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+    v["parameters"] = f
+        .parameters
+        .clone()
+        .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
     v
 }
 
@@ -79,7 +82,10 @@ pub fn format_call(name: &str, arguments: &str) -> String {
     let args = serde_json::from_str::<Value>(arguments)
         .map(|v| v.to_string())
         .unwrap_or_else(|_| arguments.to_owned());
-    format!("{OPEN}{{\"name\":{},\"arguments\":{args}}}{CLOSE}", Value::from(name))
+    format!(
+        "{OPEN}{{\"name\":{},\"arguments\":{args}}}{CLOSE}",
+        Value::from(name)
+    )
 }
 
 fn text(m: &WireMessage) -> String {
@@ -87,7 +93,11 @@ fn text(m: &WireMessage) -> String {
 }
 
 /// The messages and `tools` a request renders its prompt from (see the module header).
-pub fn messages(plan: &ToolPlan, wire: &[WireMessage], renders_tools: bool) -> (Vec<ChatMessage>, Option<Value>) {
+pub fn messages(
+    plan: &ToolPlan,
+    wire: &[WireMessage],
+    renders_tools: bool,
+) -> (Vec<ChatMessage>, Option<Value>) {
     let describe = plan.mode != ToolMode::None;
     if renders_tools {
         let msgs = wire
@@ -114,7 +124,11 @@ pub fn messages(plan: &ToolPlan, wire: &[WireMessage], renders_tools: bool) -> (
     }
     let mut out: Vec<ChatMessage> = Vec::with_capacity(wire.len() + 1);
     for m in wire {
-        let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            m.role.as_str()
+        };
         match role {
             "tool" => {
                 let response = format!("<tool_response>\n{}\n</tool_response>", text(m));
@@ -167,7 +181,13 @@ pub fn finish_reason(parser: Option<&CallParser>, reason: String) -> String {
 }
 
 /// A whole answer's message and `finish_reason`: content and calls parsed when the request has tools.
-pub fn answer(with_tools: bool, text: &str, response_id: &str, choice: u32, reason: String) -> (AssistantMessage, String) {
+pub fn answer(
+    with_tools: bool,
+    text: &str,
+    response_id: &str,
+    choice: u32,
+    reason: String,
+) -> (AssistantMessage, String) {
     if !with_tools {
         let m = AssistantMessage {
             role: "assistant",
@@ -246,7 +266,11 @@ mod tests {
         let (msgs, tools) = messages(&plan(None), &history, false);
         assert!(tools.is_none());
         assert_eq!(msgs[0].role, "system");
-        assert!(msgs[0].content.contains("{\"name\":\"get_weather\",\"description\":\"Weather now\""));
+        assert!(
+            msgs[0]
+                .content
+                .contains("{\"name\":\"get_weather\",\"description\":\"Weather now\"")
+        );
         assert!(msgs[0].content.contains("plain text"));
         assert_eq!(
             msgs[2].content,

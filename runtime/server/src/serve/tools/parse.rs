@@ -96,15 +96,18 @@ impl CallParser {
     fn start_call(&mut self, name: String) {
         let index = self.calls.len() as u32;
         let id = format!("{}{index}", self.id_prefix);
-        self.pending.tool_calls.get_or_insert_with(Vec::new).push(ToolCallDelta {
-            index,
-            id: Some(id.clone()),
-            type_: Some("function"),
-            function: FunctionCallDelta {
-                name: Some(name.clone()),
-                arguments: Some(String::new()),
-            },
-        });
+        self.pending
+            .tool_calls
+            .get_or_insert_with(Vec::new)
+            .push(ToolCallDelta {
+                index,
+                id: Some(id.clone()),
+                type_: Some("function"),
+                function: FunctionCallDelta {
+                    name: Some(name.clone()),
+                    arguments: Some(String::new()),
+                },
+            });
         self.calls.push(ToolCall {
             id,
             type_: "function",
@@ -219,7 +222,11 @@ impl CallParser {
 
     /// Ends the text: anything held back that did not become a call is content.
     pub fn finish(&mut self) {
-        if matches!(self.state, State::Start | State::Head | State::Close | State::Open) && !self.held.is_empty() {
+        if matches!(
+            self.state,
+            State::Start | State::Head | State::Close | State::Open
+        ) && !self.held.is_empty()
+        {
             // A cut-short head or closing is not content a client could use, but it is what was
             // generated; keep it rather than drop it.
             self.broken();
@@ -269,7 +276,11 @@ mod tests {
         let mut p = CallParser::new("call_");
         p.push(text);
         p.finish();
-        let calls = p.calls().iter().map(|c| (c.function.name.clone(), c.function.arguments.clone())).collect();
+        let calls = p
+            .calls()
+            .iter()
+            .map(|c| (c.function.name.clone(), c.function.arguments.clone()))
+            .collect();
         (p.content().to_owned(), calls)
     }
 
@@ -294,23 +305,36 @@ mod tests {
                     assert_eq!(t.id.as_deref(), Some(format!("call_{}", t.index).as_str()));
                     calls.push((name, String::new()));
                 }
-                calls[t.index as usize].1.push_str(t.function.arguments.as_deref().unwrap_or(""));
+                calls[t.index as usize]
+                    .1
+                    .push_str(t.function.arguments.as_deref().unwrap_or(""));
             }
         }
         (content, calls)
     }
 
     fn check(text: &str, content: &str, calls: &[(&str, &str)]) {
-        let want: Vec<(String, String)> = calls.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let want: Vec<(String, String)> = calls
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
         assert_eq!(whole(text), (content.to_owned(), want.clone()), "{text:?}");
         for n in [1, 2, 3, 7, 1000] {
-            assert_eq!(streamed(text, n), (content.to_owned(), want.clone()), "{text:?} in pieces of {n}");
+            assert_eq!(
+                streamed(text, n),
+                (content.to_owned(), want.clone()),
+                "{text:?} in pieces of {n}"
+            );
         }
     }
 
     #[test]
     fn answers_parse_the_same_whole_or_streamed() {
-        check("Just text, <b>not</b> a call.", "Just text, <b>not</b> a call.", &[]);
+        check(
+            "Just text, <b>not</b> a call.",
+            "Just text, <b>not</b> a call.",
+            &[],
+        );
         check("<tool", "<tool", &[]);
         check(
             r#"<tool_call>{"name":"get_weather","arguments":{"city":"Paris","n":[1,{"x":"}]"}]}}</tool_call>"#,
@@ -323,10 +347,17 @@ mod tests {
             &[("a", r#"{"s":"q\"}"}"#), ("b", "{}")],
         );
         // Cut short inside the arguments: the call keeps what it had.
-        check(r#"<tool_call>{"name":"a","arguments":{"city":"Pa"#, "", &[("a", r#"{"city":"Pa"#)]);
+        check(
+            r#"<tool_call>{"name":"a","arguments":{"city":"Pa"#,
+            "",
+            &[("a", r#"{"city":"Pa"#)],
+        );
         // Cut short inside the head: kept as content.
         check(r#"<tool_call>{"name":"a"#, r#"<tool_call>{"name":"a"#, &[]);
-        check("<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n<tool_call>{\"nom",
-            "\n<tool_call>{\"nom", &[("a", "{}")]);
+        check(
+            "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n<tool_call>{\"nom",
+            "\n<tool_call>{\"nom",
+            &[("a", "{}")],
+        );
     }
 }
