@@ -2,7 +2,8 @@
 //! grammar alone makes the output valid):
 //!
 //! - constrained greedy outputs are valid JSON, the same alone or batched, and the same when a tiny KV
-//!   pool forces preemption (the grammar state survives recompute);
+//!   pool forces preemption (the grammar state survives recompute), and the same when the prompt comes
+//!   from the prefix cache;
 //! - a seed reproduces a constrained sample alone or batched; `n`-style copies each get their own state;
 //! - constraints compose with `stop`, `logit_bias`, `min_tokens` and penalties;
 //! - a constraint that cannot complete within `max_tokens` ends with `length`;
@@ -180,8 +181,20 @@ fn constrained_outputs_are_valid_alone_batched_and_preempted() {
             )
         })
         .collect();
-    let batched: Vec<_> = streams.into_iter().map(|s| collect(s).0).collect();
+    let mut cached = 0;
+    let batched: Vec<_> = streams
+        .into_iter()
+        .map(|s| {
+            let (tokens, _, f) = collect(s);
+            cached += f.usage.cached_tokens;
+            tokens
+        })
+        .collect();
     assert_eq!(alone, batched, "the same alone or batched (greedy and seeded)");
+    assert!(
+        cached > 0,
+        "the repeated prompts came from the prefix cache, and the outputs are the same"
+    );
     drop(roomy);
     // 24 blocks of 4 tokens hold one request (12 + 60 tokens) but not six (~57 tokens each):
     // preemption is certain.
@@ -349,4 +362,52 @@ fn cancelled_requests_free_their_grammar_state() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(gs.live_states(), 0, "dropped streams freed their grammar states");
+}
+
+#[test]
+fn constrained_requests_with_a_lora_adapter_are_valid_and_batch_with_the_base() {
+    use modelfleet_engine::lora::{AdapterIdentity, LoraAdapter};
+    let dir = tiny_model();
+    let adir = tempfile::tempdir().unwrap();
+    modelfleet_runtime::gen_adapter::gen_adapter(adir.path(), dir.path(), 8, 3, &[]).unwrap();
+    let cfg = ModelDir::open(dir.path()).unwrap().config;
+    let identity = AdapterIdentity {
+        name: "a".into(),
+        digest: "sha256:test".into(),
+    };
+    let adapter = Arc::new(LoraAdapter::load(adir.path(), &cfg, 64, identity).unwrap());
+    let gs = grammars(dir.path());
+    let g = gs
+        .compile(&ConstraintSpec::JsonSchema(serde_json::from_str(SCHEMA).unwrap()))
+        .unwrap();
+    let h = start(dir.path(), 1024, 8);
+    let with = |a: Option<Arc<LoraAdapter>>, i: u32| {
+        let mut r = request(
+            &h,
+            prompt(i),
+            SamplingParams {
+                constraint: Some(g.clone()),
+                ..SamplingParams::greedy(60)
+            },
+        );
+        r.adapter = a;
+        r
+    };
+    let alone: Vec<_> = (0..4)
+        .map(|i| collect(submit(&h, with((i % 2 == 1).then(|| adapter.clone()), i))))
+        .collect();
+    // Base and adapter requests in one batch: each as it was alone, each valid.
+    let streams: Vec<_> = (0..4)
+        .map(|i| submit(&h, with((i % 2 == 1).then(|| adapter.clone()), i)))
+        .collect();
+    for ((tokens, text, f), (alone_tokens, _, _)) in streams.into_iter().map(collect).zip(&alone) {
+        assert_eq!(f.reason, FinishReason::Stop, "{text} {:?}", f.message);
+        check_instance(&text);
+        assert_eq!(
+            &tokens, alone_tokens,
+            "the same alone or batched with the other adapter"
+        );
+    }
+    drop(h);
+    assert_eq!(gs.live_states(), 0);
 }
