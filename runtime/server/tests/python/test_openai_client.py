@@ -134,8 +134,8 @@ def test_errors_are_openai_errors_naming_the_field():
         chat(extra_body={"temprature": 0.5})
     assert e.value.body["param"] == "temprature"
     with pytest.raises(openai.BadRequestError) as e:
-        chat(response_format={"type": "json_object"})
-    assert "not supported yet" in e.value.message
+        chat(extra_body={"functions": [{"name": "f"}]})
+    assert e.value.body["param"] == "functions" and "not supported yet" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         chat(temperature=-1)
     assert e.value.body["param"] == "temperature"
