@@ -298,7 +298,10 @@ async fn adapters_load_serve_follow_scale_refuse_bad_bytes_and_unload() {
     );
     // team-b may not use tone, and does not see it.
     let (status, body) = chat(&ip, KEY_B, "tone").await.unwrap_err();
-    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        status, 404,
+        "an adapter team-b may not use reads as one that does not exist: {body}"
+    );
     let mut seen_b = models(&ip, KEY_B).await;
     seen_b.sort();
     assert_eq!(seen_b, ["sql", BASE]);
@@ -381,7 +384,7 @@ async fn adapters_load_serve_follow_scale_refuse_bad_bytes_and_unload() {
             .expect("the new pod serves tone"),
         with_tone
     );
-    assert_eq!(chat(new_ip, KEY_B, "tone").await.unwrap_err().0, 403);
+    assert_eq!(chat(new_ip, KEY_B, "tone").await.unwrap_err().0, 404);
 
     // A later adapter reusing a served name is not loaded.
     kubectl_ok(

@@ -15,10 +15,12 @@ pub const FIELD_MANAGER: &str = "modelfleet-operator";
 pub const FETCH_CONTAINER: &str = "fetch";
 /// Name of the runtime container.
 pub const RUNTIME_CONTAINER: &str = "runtime";
-/// Port of the OpenAI-compatible API and `/metrics`.
+/// Port of the OpenAI-compatible API.
 pub const HTTP_PORT: i32 = 8000;
 /// Port of the admin API (adapters).
 pub const ADMIN_PORT: i32 = 8001;
+/// Port of the runtime's `/metrics` (the admin port: no token there, tenants never reach it).
+pub const METRICS_PORT: i32 = ADMIN_PORT;
 
 /// Labels that select the runtime pods of ModelDeployment `name` (immutable once a Deployment exists).
 pub fn selector_labels(name: &str) -> BTreeMap<String, String> {

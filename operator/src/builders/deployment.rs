@@ -11,8 +11,8 @@
 use super::owned_meta;
 use crate::config::{ModelCache, OperatorConfig};
 use crate::labels::{
-    ADMIN_PORT, DIGEST_ANNOTATION, FETCH_CONTAINER, HTTP_PORT, RUNTIME_CONTAINER, adapters_configmap_name,
-    admin_secret_name, selector_labels, workload_name,
+    ADMIN_PORT, DIGEST_ANNOTATION, FETCH_CONTAINER, HTTP_PORT, METRICS_PORT, RUNTIME_CONTAINER,
+    adapters_configmap_name, admin_secret_name, selector_labels, workload_name,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
@@ -55,7 +55,7 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
     let image = runtime.image.clone().unwrap_or_else(|| cfg.runtime_image.clone());
     let annotations = BTreeMap::from([
         ("prometheus.io/scrape".to_string(), "true".to_string()),
-        ("prometheus.io/port".to_string(), HTTP_PORT.to_string()),
+        ("prometheus.io/port".to_string(), METRICS_PORT.to_string()),
         ("prometheus.io/path".to_string(), "/metrics".to_string()),
         (DIGEST_ANNOTATION.to_string(), md.spec.model.digest.clone()),
     ]);

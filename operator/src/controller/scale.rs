@@ -11,7 +11,7 @@
 use super::{AUTOSCALE_INTERVAL, Context};
 use crate::autoscaler::decide::{Sample, decide};
 use crate::autoscaler::metrics::{aggregate, query_prometheus, scrape_direct};
-use crate::labels::HTTP_PORT;
+use crate::labels::METRICS_PORT;
 use crate::status::Scaling;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -269,7 +269,7 @@ async fn read_sample(
             if ips.len() != ready.len() {
                 return Err("a ready replica has no pod IP".into());
             }
-            scrape_direct(&ctx.http, &ips, HTTP_PORT).await?
+            scrape_direct(&ctx.http, &ips, METRICS_PORT).await?
         }
         MetricsSource::Prometheus => {
             let prom = spec

@@ -33,6 +33,8 @@ pub enum ApiErrorKind {
     Unavailable,
     /// 504: the deadline passed before the first token.
     Timeout,
+    /// 408: the client did not send its request body in time.
+    RequestTimeout,
     /// 500: a bug or an engine failure (never for bad input).
     Internal,
 }
@@ -108,6 +110,7 @@ impl ApiError {
             ApiErrorKind::BadGateway => 502,
             ApiErrorKind::Unavailable => 503,
             ApiErrorKind::Timeout => 504,
+            ApiErrorKind::RequestTimeout => 408,
             ApiErrorKind::Internal => 500,
         }
     }
@@ -124,7 +127,7 @@ impl ApiError {
             ApiErrorKind::NotFound => "not_found_error",
             ApiErrorKind::RateLimited { .. } => "rate_limit_error",
             ApiErrorKind::Unavailable => "service_unavailable_error",
-            ApiErrorKind::Timeout => "timeout_error",
+            ApiErrorKind::Timeout | ApiErrorKind::RequestTimeout => "timeout_error",
             ApiErrorKind::Internal => "internal_error",
         }
     }

@@ -33,6 +33,9 @@ pub const REQUESTS: &str = "modelfleet_requests_total";
 /// Requests refused before generation (counter, `model`, `tenant`, `reason`).
 pub const REQUESTS_REJECTED: &str = "modelfleet_requests_rejected_total";
 
+/// Log lines (usage records) that could not be written, e.g. to a closed pipe (counter).
+pub const LOG_WRITE_ERRORS: &str = "modelfleet_log_write_errors_total";
+
 /// vLLM's name for [`REQUESTS_WAITING`] (label `model_name`).
 pub const VLLM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
 /// vLLM's name for [`REQUESTS_RUNNING`] (label `model_name`).

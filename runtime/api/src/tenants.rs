@@ -284,16 +284,17 @@ pub fn spawn_reloader(
                 .and_then(Tenants::parse)
             {
                 Ok(new) => {
-                    eprintln!(
-                        "tenants: reloaded {} ({} tenants)",
-                        path.display(),
-                        new.all().len()
+                    tracing::info!(
+                        file = %path.display(),
+                        tenants = new.all().len(),
+                        "tenants file reloaded"
                     );
                     *table.write().unwrap() = Arc::new(new);
                 }
-                Err(e) => eprintln!(
-                    "tenants: keeping the previous keys; {} is invalid: {e}",
-                    path.display()
+                Err(e) => tracing::warn!(
+                    file = %path.display(),
+                    error = %e,
+                    "tenants file invalid; keeping the previous keys"
                 ),
             }
         }

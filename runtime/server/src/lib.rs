@@ -8,6 +8,7 @@
 //! - [`metrics`]: the runtime's Prometheus metrics (docs/design.md names) and their vLLM aliases.
 //! - [`tenants`]: API keys → tenant ids from the tenants file, reloaded on change (Secret rotation);
 //!   also from `modelfleet-api`.
+//! - [`logging`]: `tracing` to stderr and the usage records on stdout; a closed pipe never panics.
 //! - [`gen_model`]: `gen-model`, random-weight Llama-family models of real shapes in Hugging Face layout.
 //!
 //! - [`serve`]: `serve`, the OpenAI-compatible server around the engine, and its admin listener.
@@ -23,6 +24,7 @@ pub mod fetch;
 pub mod fetch_cmd;
 pub mod gen_adapter;
 pub mod gen_model;
+pub mod logging;
 pub mod metrics;
 pub mod serve;
 pub use modelfleet_api::tenants;

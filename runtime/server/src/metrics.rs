@@ -54,6 +54,8 @@ pub struct RuntimeMetrics {
     pub requests: IntCounterVec,
     /// `modelfleet_requests_rejected_total{model,tenant,reason}`.
     pub requests_rejected: IntCounterVec,
+    /// `modelfleet_log_write_errors_total`: usage records lost to a closed or broken stdout.
+    pub log_write_errors: prometheus::IntCounter,
     vllm_waiting: IntGaugeVec,
     vllm_running: IntGaugeVec,
     vllm_kv_usage: GaugeVec,
@@ -147,6 +149,11 @@ impl Default for RuntimeMetrics {
                 "Requests refused before generation, by reason",
                 &["model", "tenant", "reason"],
             ),
+            log_write_errors: prometheus::IntCounter::new(
+                names::LOG_WRITE_ERRORS,
+                "Usage records that could not be written to stdout (closed or broken pipe)",
+            )
+            .expect("valid metric"),
             vllm_waiting: gauge(
                 names::VLLM_REQUESTS_WAITING,
                 "Alias of modelfleet_requests_waiting",
@@ -179,6 +186,7 @@ impl Default for RuntimeMetrics {
             Box::new(m.generation_tokens.clone()),
             Box::new(m.requests.clone()),
             Box::new(m.requests_rejected.clone()),
+            Box::new(m.log_write_errors.clone()),
             Box::new(m.vllm_waiting.clone()),
             Box::new(m.vllm_running.clone()),
             Box::new(m.vllm_kv_usage.clone()),

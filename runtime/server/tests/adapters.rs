@@ -77,6 +77,20 @@ fn complete(s: &common::Server, key: &str, model: &str) -> (u16, String, String)
     (status, out, v["model"].as_str().unwrap_or_default().to_owned())
 }
 
+/// A completion request's status and JSON body.
+fn http_json(s: &common::Server, key: &str, model: &str) -> (u16, Value) {
+    let body = json!({"model": model, "prompt": "Once upon a time", "max_tokens": 1});
+    let auth = format!("Bearer {key}");
+    let (status, text) = http(
+        s.port,
+        "POST",
+        "/v1/completions",
+        &[("Authorization", &auth)],
+        &body.to_string(),
+    );
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
 fn models(s: &common::Server, key: &str) -> Vec<String> {
     let auth = format!("Bearer {key}");
     let (status, text) = http(s.port, "GET", "/v1/models", &[("Authorization", &auth)], "");
@@ -107,7 +121,7 @@ fn listed(s: &common::Server) -> Vec<(String, String)> {
 }
 
 fn metric(s: &common::Server, prefix: &str) -> f64 {
-    let (_, text) = http(s.port, "GET", "/metrics", &[], "");
+    let (_, text) = http(s.admin_port, "GET", "/metrics", &[], "");
     text.lines()
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -162,8 +176,22 @@ fn the_admin_api_loads_authorizes_replaces_and_unloads_adapters() {
     let (st, out1, model) = complete(&s, "sk-team-b-1", "a1");
     assert_eq!((st, model.as_str()), (200, "a1"));
     assert_ne!(out1, base, "the adapter changes the output");
-    // Authorization: team-b may not use a2 and does not see it.
-    assert_eq!(complete(&s, "sk-team-b-1", "a2").0, 403);
+    // Authorization: team-b may not use a2 and does not see it: a2 answers it exactly as a name that
+    // does not exist (no existence oracle).
+    assert_eq!(complete(&s, "sk-team-b-1", "a2").0, 404);
+    let (_, hidden) = http_json(&s, "sk-team-b-1", "a2");
+    let (_, missing) = http_json(&s, "sk-team-b-1", "no-such-adapter");
+    assert_eq!(
+        hidden["error"]["code"], missing["error"]["code"],
+        "{hidden} vs {missing}"
+    );
+    assert_eq!(
+        hidden["error"]["message"].as_str().unwrap().replace("a2", "X"),
+        missing["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace("no-such-adapter", "X")
+    );
     let (st, out2, _) = complete(&s, "sk-team-a-1", "a2");
     assert_eq!(st, 200);
     assert_ne!(out2, out1);
@@ -211,7 +239,7 @@ fn the_admin_api_loads_authorizes_replaces_and_unloads_adapters() {
     assert_eq!(complete(&s, "sk-team-a-1", "a2").1, out3);
     // Metrics per adapter, and vLLM's info gauge.
     assert!(metric(&s, "modelfleet_lora_loads_total{adapter=\"a1\"") >= 1.0);
-    let (_, text) = http(s.port, "GET", "/metrics", &[], "");
+    let (_, text) = http(s.admin_port, "GET", "/metrics", &[], "");
     assert!(text.contains("vllm:lora_requests_info{"), "{text}");
     assert!(text.contains("modelfleet_lora_load_seconds_count"), "{text}");
     // Unload: gone for clients and from the list; a second unload is a 404.

@@ -34,6 +34,7 @@ fn the_openai_python_client_works_against_the_server() {
     let out = Command::new("python3")
         .args(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-s", script])
         .env("MF_BASE_URL", server.base())
+        .env("MF_ADMIN_URL", server.admin_base())
         .env("MF_MODEL", "tiny")
         .env("MF_KEY_A", "sk-team-a")
         .env("MF_KEY_B", "sk-team-b")

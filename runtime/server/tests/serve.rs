@@ -94,11 +94,13 @@ async fn a_burst_of_ten_times_the_queue_cap_gets_fast_429s_and_memory_stays_flat
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = rss_kib(s.pid());
     let mut rejected: Vec<Duration> = Vec::new();
+    let mut accepted_took: Vec<Duration> = Vec::new();
     let mut accepted = 0;
     for (status, took, v, retry_after) in &results {
         match status {
             200 => {
                 accepted += 1;
+                accepted_took.push(*took);
                 assert_eq!(
                     v["choices"][0]["message"]["content"], want,
                     "an accepted request is correct"
@@ -118,18 +120,22 @@ async fn a_burst_of_ten_times_the_queue_cap_gets_fast_429s_and_memory_stays_flat
         "{accepted} accepted, {} rejected",
         rejected.len()
     );
+    accepted_took.sort();
     let p99 = rejected[(rejected.len() * 99 / 100).min(rejected.len() - 1)];
+    let accepted_median = accepted_took[accepted_took.len() / 2];
     println!(
-        "burst of {}: {accepted} accepted, {} rejected, 429 p99 {:.1} ms; RSS {steady} KiB steady, {after} KiB after",
+        "burst of {}: {accepted} accepted (median {:.1} ms), {} rejected, 429 p99 {:.1} ms; RSS {steady} KiB steady, {after} KiB after",
         10 * CAP,
+        accepted_median.as_secs_f64() * 1e3,
         rejected.len(),
         p99.as_secs_f64() * 1e3
     );
-    // A 429 is decided at admission, without waiting for the engine: 250 ms is far below what a
-    // queued request waits here (several engine steps behind 4 running sequences) yet leaves room for
-    // a loaded 2-core CI machine (64 ms seen there against ~5 ms idle). The figure itself is reported
-    // by the benchmark, not asserted.
-    assert!(p99 < Duration::from_millis(250), "429 p99 {p99:?}");
+    // A 429 is decided at admission, without waiting for the engine. Its latency here is mostly the
+    // client's own: 80 connections opened at once on a 2-core machine that may be loaded (a fixed
+    // 50 ms bound failed in CI at 64 ms; with other builds running, 429s and accepted requests both
+    // took 150-500 ms). So the figure is printed and the bound only catches a gross stall; that the
+    // queue is bounded is checked above (rejections, Retry-After) and below (memory).
+    assert!(p99 < Duration::from_secs(2), "429 p99 {p99:?}");
     assert!(
         after * 10 <= steady * 11,
         "RSS grew from {steady} KiB to {after} KiB"
@@ -182,7 +188,7 @@ async fn sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_zero() {
         tokio::spawn(async move { one(&c, &url, &body).await })
     };
     // Wait until it runs, then SIGTERM.
-    let metrics = format!("{}/metrics", s.base());
+    let metrics = format!("{}/metrics", s.admin_base());
     let t0 = Instant::now();
     loop {
         let m = c.get(&metrics).send().await.unwrap().text().await.unwrap();

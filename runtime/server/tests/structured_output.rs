@@ -28,7 +28,7 @@ fn structured_output_and_tools_with_the_openai_client_on_smollm2() {
         .args(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", script])
         .env("MF_BASE_URL", server.base())
         .env("MF_MODEL", "smollm2")
-        .env("MF_METRICS_URL", format!("{}/metrics", server.base()))
+        .env("MF_METRICS_URL", format!("{}/metrics", server.admin_base()))
         .output()
         .expect("python3 runs (install the test packages with e2e/scripts/setup.sh)");
     let text = format!(

@@ -223,9 +223,18 @@ impl SamplingParams {
                 ));
             }
         }
-        Ok(ValidSamplingParams(self))
+        let mut p = self;
+        if p.temperature < GREEDY_BELOW_TEMPERATURE {
+            // 1/T would overflow (1e-39 made every logit ±inf and every token id 0): this is greedy.
+            p.temperature = 0.0;
+        }
+        Ok(ValidSamplingParams(p))
     }
 }
+
+/// Temperatures below this are greedy (vLLM's `_SAMPLING_EPS`): dividing logits by them overflows
+/// `f32`, and what they ask for is the argmax anyway.
+pub const GREEDY_BELOW_TEMPERATURE: f32 = 1e-5;
 
 /// Parameters that passed [`SamplingParams::validate`]; only validation can build one.
 #[derive(Clone, Debug, PartialEq)]
@@ -261,6 +270,7 @@ mod tests {
         check(|p| p.temperature = 0.0, Ok(()));
         check(|p| p.temperature = f32::NAN, Err(("temperature", "finite")));
         check(|p| p.temperature = -0.5, Err(("temperature", ">= 0")));
+        check(|p| p.temperature = 1e-39, Ok(()));
         check(|p| p.top_p = 0.0, Err(("top_p", "(0, 1]")));
         check(|p| p.top_p = 1.5, Err(("top_p", "(0, 1]")));
         check(|p| p.top_p = f32::INFINITY, Err(("top_p", "finite")));

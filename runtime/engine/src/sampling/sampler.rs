@@ -179,6 +179,21 @@ mod tests {
     }
 
     #[test]
+    fn a_vanishing_temperature_is_greedy() {
+        // 1/1e-39 overflows f32: without the epsilon every logit became ±inf and every token id 0.
+        let mut logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
+        logits[42] = 3.0;
+        logits[7] = 2.9;
+        assert_eq!(argmax(&logits), 42);
+        for t in [1e-39, 1e-30, 1e-6] {
+            let p = params(|p| p.temperature = t);
+            assert_eq!(p.temperature, 0.0, "{t} is greedy");
+            let h = histogram(&logits, &p, 50);
+            assert_eq!(h[42], 50, "temperature {t}: the argmax every time");
+        }
+    }
+
+    #[test]
     fn filters_restrict_the_support() {
         let logits = [2.0, 1.9, 1.0, 0.0, -1.0];
         let n = 2000;

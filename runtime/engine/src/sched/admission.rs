@@ -2,8 +2,11 @@
 //! an overloaded server answers 429 at once instead of queueing without bound.
 //!
 //! Limits: requests waiting and prompt tokens waiting, in total (`--max-num-queued-reqs`,
-//! `--max-num-queued-tokens`), and per tenant (from the tenants file): requests in flight (waiting or
-//! running) and prompt tokens waiting.
+//! `--max-num-queued-tokens`), and per tenant: requests waiting (the server's
+//! `--max-num-queued-reqs-per-tenant`, so no tenant's fan-out fills the global queue), and from the tenants
+//! file requests in flight (waiting or running) and prompt tokens waiting. A "request" here is one engine
+//! sequence: a request with several prompts or `n > 1` enters as a group, all or nothing
+//! ([`AdmissionGate::try_enter_group`]).
 //!
 //! Invariants: a request is counted as waiting from a successful [`AdmissionGate::try_enter`] until
 //! its first admission into a batch ([`AdmissionGate::started`]) or its end, and as in flight until
@@ -22,13 +25,16 @@ pub struct QueueLimits {
     pub max_queued_tokens: usize,
 }
 
-/// One tenant's quotas (from the tenants file); `None` = unlimited.
+/// One tenant's quotas (from the tenants file, and the server's per-tenant share of the queue);
+/// `None` = unlimited.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TenantLimits {
     /// Requests waiting or running.
     pub max_concurrent_requests: Option<usize>,
     /// Prompt tokens waiting.
     pub max_queued_tokens: Option<usize>,
+    /// Requests waiting (the tenant's share of the global queue).
+    pub max_queued_requests: Option<usize>,
 }
 
 /// Why a request was turned away (the `reason` label of `modelfleet_requests_rejected_total`).
@@ -91,6 +97,7 @@ struct Counts {
 #[derive(Default)]
 struct TenantCounts {
     in_flight: usize,
+    queued_requests: usize,
     queued_tokens: usize,
 }
 
@@ -132,27 +139,48 @@ impl AdmissionGate {
 
     /// Counts a new request of `tenant` with `tokens` prompt tokens as waiting, or says why not.
     pub fn try_enter(&self, tenant: &str, tokens: usize, quota: TenantLimits) -> Result<(), Rejection> {
+        self.try_enter_group(tenant, &[tokens], quota)
+    }
+
+    /// Counts a group of requests of one tenant (the sequences of one API request, with these prompt
+    /// token counts) as waiting — all of them, or none and the reason.
+    pub fn try_enter_group(
+        &self,
+        tenant: &str,
+        tokens: &[usize],
+        quota: TenantLimits,
+    ) -> Result<(), Rejection> {
+        let (n, sum) = (tokens.len(), tokens.iter().sum::<usize>());
         let mut c = self.lock();
         if c.closed {
             return Err(Rejection::ShuttingDown);
         }
         let l = self.limits;
-        if c.queued_requests >= l.max_queued_requests {
+        if c.queued_requests + n > l.max_queued_requests {
             return Err(Rejection::QueueFull {
                 limit: "max-num-queued-reqs",
                 value: l.max_queued_requests,
             });
         }
-        if c.queued_tokens + tokens > l.max_queued_tokens {
+        if c.queued_tokens + sum > l.max_queued_tokens {
             return Err(Rejection::QueueFull {
                 limit: "max-num-queued-tokens",
                 value: l.max_queued_tokens,
             });
         }
         let t = c.tenants.get(tenant);
-        let (in_flight, queued) = t.map_or((0, 0), |t| (t.in_flight, t.queued_tokens));
+        let (in_flight, queued_reqs, queued) =
+            t.map_or((0, 0, 0), |t| (t.in_flight, t.queued_requests, t.queued_tokens));
+        if let Some(max) = quota.max_queued_requests
+            && queued_reqs + n > max
+        {
+            return Err(Rejection::TenantQuota {
+                limit: "max-num-queued-reqs-per-tenant",
+                value: max,
+            });
+        }
         if let Some(max) = quota.max_concurrent_requests
-            && in_flight >= max
+            && in_flight + n > max
         {
             return Err(Rejection::TenantQuota {
                 limit: "maxConcurrentRequests",
@@ -160,18 +188,19 @@ impl AdmissionGate {
             });
         }
         if let Some(max) = quota.max_queued_tokens
-            && queued + tokens > max
+            && queued + sum > max
         {
             return Err(Rejection::TenantQuota {
                 limit: "maxQueuedTokens",
                 value: max,
             });
         }
-        c.queued_requests += 1;
-        c.queued_tokens += tokens;
+        c.queued_requests += n;
+        c.queued_tokens += sum;
         let t = c.tenants.entry(tenant.to_owned()).or_default();
-        t.in_flight += 1;
-        t.queued_tokens += tokens;
+        t.in_flight += n;
+        t.queued_requests += n;
+        t.queued_tokens += sum;
         Ok(())
     }
 
@@ -181,6 +210,7 @@ impl AdmissionGate {
         c.queued_requests = c.queued_requests.saturating_sub(1);
         c.queued_tokens = c.queued_tokens.saturating_sub(tokens);
         if let Some(t) = c.tenants.get_mut(tenant) {
+            t.queued_requests = t.queued_requests.saturating_sub(1);
             t.queued_tokens = t.queued_tokens.saturating_sub(tokens);
         }
     }
@@ -241,7 +271,7 @@ mod tests {
         assert_eq!(g.queued(), (1, 40));
         let quota = TenantLimits {
             max_concurrent_requests: Some(1),
-            max_queued_tokens: None,
+            ..TenantLimits::default()
         };
         assert_eq!(
             g.try_enter("a", 1, quota),
@@ -258,5 +288,41 @@ mod tests {
         assert_eq!(g.queued(), (0, 0));
         g.close();
         assert_eq!(g.try_enter("a", 1, none), Err(Rejection::ShuttingDown));
+    }
+
+    #[test]
+    fn a_group_enters_whole_and_one_tenant_cannot_fill_the_queue() {
+        let g = AdmissionGate::new(QueueLimits {
+            max_queued_requests: 32,
+            max_queued_tokens: 10_000,
+        });
+        let share = TenantLimits {
+            max_queued_requests: Some(16),
+            ..TenantLimits::default()
+        };
+        // A fan-out of 16 fits the tenant's share once; the next is refused as the tenant's quota,
+        // and nothing of it was counted.
+        g.try_enter_group("a", &[10; 16], share).unwrap();
+        assert_eq!(
+            g.try_enter_group("a", &[10; 2], share),
+            Err(Rejection::TenantQuota {
+                limit: "max-num-queued-reqs-per-tenant",
+                value: 16
+            })
+        );
+        assert_eq!(g.queued(), (16, 160));
+        // Another tenant still gets in, and a group that would overflow the global queue is refused
+        // whole.
+        g.try_enter_group("b", &[10; 16], share).unwrap();
+        assert_eq!(
+            g.try_enter_group("c", &[1], share).unwrap_err().label(),
+            "queue_full"
+        );
+        assert_eq!(g.queued(), (32, 320));
+        // Starting frees the tenant's share.
+        for _ in 0..16 {
+            g.started("a", 10);
+        }
+        g.try_enter_group("a", &[10; 16], share).unwrap();
     }
 }

@@ -9,7 +9,11 @@
 //! Invariants: a [`RequestStream`] dropped before its `Finished` event aborts its request, so a client
 //! that disconnects frees its KV blocks within one step; a request refused by the admission gate never
 //! reaches the loop; after [`EngineHandle::shutdown`] every request still live gets `Finished` with
-//! `cancelled` and the thread exits.
+//! `cancelled` and the thread exits. If a step panics (a bug, an injected fault) or the loop ends without
+//! being asked to, every live request ends with `error` and a message saying the replica is restarting,
+//! the gate closes, and [`EngineHandle::failure`] reports why — the server turns `/health` and `/ready`
+//! to 503 and exits non-zero, so the kubelet restarts the pod instead of keeping a dead engine in
+//! service.
 
 use super::admission::{AdmissionGate, QueueLimits, Rejection, TenantLimits};
 use super::request::{EventReceiver, Request, RequestEvent, Submitted};
@@ -20,6 +24,7 @@ use crate::kv::{BlockPool, RequestId};
 use crate::model_dir::ModelDir;
 use crate::stop::FinishReason;
 use modelfleet_kernels::Kernels;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
 use std::sync::{Arc, Mutex};
@@ -30,7 +35,13 @@ enum Command {
     Submit(Box<Submitted>),
     Abort(RequestId),
     Shutdown,
+    /// Fault injection (tests, chaos drills): panic inside the loop as a bug would.
+    InjectPanic,
 }
+
+/// What ended the loop when nobody asked it to, once it has (`None` while it runs or after a requested
+/// shutdown).
+type Failure = tokio::sync::watch::Receiver<Option<String>>;
 
 /// What the loop publishes after every step (for `/metrics`, autoscaling and benchmarks). Published
 /// after the step's events are sent, so it may lag a just-received `Finished` by one step.
@@ -125,6 +136,7 @@ pub struct EngineHandle {
     max_model_len: usize,
     kv_capacity_tokens: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
+    failure: Failure,
 }
 
 impl EngineHandle {
@@ -154,6 +166,7 @@ impl EngineHandle {
         let gate = Arc::new(AdmissionGate::new(limits));
         let stats = Arc::new(Mutex::new(Stats::default()));
         let (g, st) = (gate.clone(), stats.clone());
+        let (failed_tx, failure) = tokio::sync::watch::channel(None);
         let thread = std::thread::Builder::new()
             .name("modelfleet-step-loop".into())
             .spawn(move || {
@@ -166,7 +179,13 @@ impl EngineHandle {
                 };
                 let capacity = engine.num_kv_blocks() * engine.block_size();
                 let _ = ready_tx.send(Ok((engine.model_dir.clone(), engine.max_model_len(), capacity)));
-                run(engine, cfg, g, st, rx, hook);
+                let gate = g.clone();
+                let run = AssertUnwindSafe(|| run(engine, cfg, g, st, rx, hook, &failed_tx));
+                if let Err(panic) = catch_unwind(run) {
+                    gate.close();
+                    let why = format!("the step loop panicked: {}", panic_message(&*panic));
+                    let _ = failed_tx.send(Some(why));
+                }
             })
             .map_err(|e| EngineError::Batch(format!("cannot start the step loop thread: {e}")))?;
         let (model_dir, max_model_len, kv_capacity_tokens) = ready_rx
@@ -181,7 +200,30 @@ impl EngineHandle {
             max_model_len,
             kv_capacity_tokens,
             thread: Mutex::new(Some(thread)),
+            failure,
         })
+    }
+
+    /// Why the engine stopped working, if it did (a panic, or the loop ending unasked); `None` while it
+    /// runs and after a requested [`shutdown`](Self::shutdown).
+    pub fn failure(&self) -> Option<String> {
+        self.failure.borrow().clone()
+    }
+
+    /// Resolves once the engine has failed (never, if it does not), with the reason.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.failure.clone();
+        match rx.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            // The loop ended as asked (shutdown) without failing: nothing to report, ever.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Fault injection: makes the step loop panic at its next iteration, as a bug would. For tests and
+    /// chaos drills (the server exposes it only behind `--enable-fault-injection`).
+    pub fn inject_panic(&self) {
+        let _ = self.sender().send(Command::InjectPanic);
     }
 
     fn sender(&self) -> Sender<Command> {
@@ -194,30 +236,59 @@ impl EngineHandle {
         request: Request,
         quota: TenantLimits,
     ) -> std::result::Result<RequestStream, Rejection> {
-        // The sender's lock is held from the gate check to the send, and `shutdown` closes the gate and
-        // sends `Shutdown` under the same lock: every accepted request reaches the loop before
+        let mut streams = self.submit_group(vec![request], quota)?;
+        Ok(streams.pop().expect("one request, one stream"))
+    }
+
+    /// Submits the sequences of one API request (one tenant's prompts × `n`) as a group: the gate
+    /// admits all of them or none, so a refused request leaves nothing running and never holds part of
+    /// the queue.
+    pub fn submit_group(
+        &self,
+        requests: Vec<Request>,
+        quota: TenantLimits,
+    ) -> std::result::Result<Vec<RequestStream>, Rejection> {
+        let Some(tenant) = requests.first().map(|r| r.tenant.clone()) else {
+            return Ok(Vec::new());
+        };
+        debug_assert!(
+            requests.iter().all(|r| r.tenant == tenant),
+            "one tenant per group"
+        );
+        let tokens: Vec<usize> = requests.iter().map(|r| r.prompt.len()).collect();
+        // The sender's lock is held from the gate check to the sends, and `shutdown` closes the gate
+        // and sends `Shutdown` under the same lock: every accepted request reaches the loop before
         // `Shutdown`, so it gets its `Finished` (cancelled) instead of silently vanishing.
         let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        self.gate
-            .try_enter(&request.tenant, request.prompt.len(), quota)?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
-        let tx = guard.clone();
-        let (tenant, tokens) = (request.tenant.clone(), request.prompt.len());
-        if tx
-            .send(Command::Submit(Box::new(Submitted { id, request, events })))
-            .is_err()
-        {
-            self.gate.left(&tenant, tokens, true);
-            return Err(Rejection::ShuttingDown);
+        self.gate.try_enter_group(&tenant, &tokens, quota)?;
+        let mut out = Vec::with_capacity(requests.len());
+        let mut requests = requests.into_iter();
+        while let Some(request) = requests.next() {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+            let tx = guard.clone();
+            let len = request.prompt.len();
+            if tx
+                .send(Command::Submit(Box::new(Submitted { id, request, events })))
+                .is_err()
+            {
+                // The loop is gone: this one and the rest never reach it (those sent are aborted as
+                // their streams drop).
+                self.gate.left(&tenant, len, true);
+                for r in requests {
+                    self.gate.left(&tenant, r.prompt.len(), true);
+                }
+                return Err(Rejection::ShuttingDown);
+            }
+            out.push(RequestStream {
+                id,
+                rx,
+                tx,
+                done: false,
+            });
         }
         drop(guard);
-        Ok(RequestStream {
-            id,
-            rx,
-            tx,
-            done: false,
-        })
+        Ok(out)
     }
 
     /// Aborts a request (it ends with `cancelled`).
@@ -274,6 +345,15 @@ impl Drop for EngineHandle {
 /// How long an idle loop sleeps at most before looking at deadlines again.
 const IDLE_WAIT: Duration = Duration::from_millis(200);
 
+/// The text of a panic's payload.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 fn run<K: Kernels>(
     mut engine: Engine<K>,
     cfg: SchedulerConfig,
@@ -281,6 +361,7 @@ fn run<K: Kernels>(
     stats: Arc<Mutex<Stats>>,
     rx: Receiver<Command>,
     hook: Option<FinishHook>,
+    failed: &tokio::sync::watch::Sender<Option<String>>,
 ) {
     let md = engine.model_dir.clone();
     let tok = &md.tokenizer;
@@ -290,81 +371,117 @@ fn run<K: Kernels>(
         engine.block_size(),
         engine.max_model_len(),
         md.eos_token_ids.clone(),
-        gate,
+        gate.clone(),
     );
     sched.set_finish_hook(hook);
     let mut local = Stats::default();
     let mut idle = false;
+    // The scheduler lives outside the unwinding boundary, so a step that panics leaves it to end every
+    // live request properly (blocks freed, `Finished` sent) instead of dropping their streams silently.
     loop {
-        // Wait for work when there is none; otherwise take whatever arrived, without blocking.
-        let mut first = None;
-        if !sched.has_work() {
-            if !idle {
-                idle = true;
-                release_memory(&engine);
-            }
-            let wait = sched
-                .next_deadline()
-                .map_or(IDLE_WAIT, |d| d.saturating_duration_since(Instant::now()))
-                .min(IDLE_WAIT);
-            match rx.recv_timeout(wait) {
-                Ok(c) => first = Some(c),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
-        }
-        let mut pending: Vec<Command> = first.into_iter().collect();
-        loop {
-            match rx.try_recv() {
-                Ok(c) => pending.push(c),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    pending.push(Command::Shutdown);
-                    break;
-                }
-            }
-        }
-        for c in pending {
-            match c {
-                Command::Submit(s) => sched.add(*s),
-                Command::Abort(id) => sched.abort(id, FinishReason::Cancelled, None, tok),
-                Command::Shutdown => {
-                    sched.abort_all(FinishReason::Cancelled, "the server is shutting down", tok);
+        let step = catch_unwind(AssertUnwindSafe(|| {
+            iteration(&mut engine, &mut sched, &mut local, &mut idle, &stats, &rx, tok)
+        }));
+        match step {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(panic) => {
+                // Failure first (so whoever sees the requests' errors also sees why), then every live
+                // request ends with `error`, its blocks freed.
+                let why = format!("the engine failed: {}", panic_message(&*panic));
+                gate.close();
+                let _ = failed.send(Some(why.clone()));
+                let message = format!("{why}; this replica is restarting, retry the request");
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    sched.abort_all(FinishReason::Error, &message, tok);
                     publish(&sched, &mut local, &stats);
-                    return;
-                }
+                }));
+                return;
             }
         }
-        let t0 = Instant::now();
-        let batch = sched.schedule(t0, tok);
-        idle &= batch.is_empty();
-        if batch.is_empty() {
-            publish(&sched, &mut local, &stats);
-            if sched.has_work() {
-                // Work that cannot be placed right now (should not happen: requests that can never
-                // fit are refused on arrival); do not spin.
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            continue;
-        }
-        let (inputs, adapters) = sched.inputs(&batch);
-        let t1 = Instant::now();
-        let result = engine.step_lora(&inputs, &adapters);
-        drop(inputs);
-        match result {
-            Ok(logits) => {
-                sched.update(&batch, &logits, tok);
-                engine.recycle(logits);
-            }
-            Err(e) => sched.fail(&batch, &format!("model step failed: {e}"), tok),
-        }
-        let t2 = Instant::now();
-        local.steps += 1;
-        local.step_tokens += batch.num_tokens() as u64;
-        local.schedule_seconds += (t1 - t0).as_secs_f64();
-        local.model_seconds += (t2 - t1).as_secs_f64();
-        publish(&sched, &mut local, &stats);
     }
+}
+
+/// One turn of the loop: commands, a schedule, a step. `false` when asked to stop.
+fn iteration<K: Kernels>(
+    engine: &mut Engine<K>,
+    sched: &mut Scheduler,
+    local: &mut Stats,
+    idle: &mut bool,
+    stats: &Mutex<Stats>,
+    rx: &Receiver<Command>,
+    tok: &crate::tokenizer::Tokenizer,
+) -> bool {
+    // Wait for work when there is none; otherwise take whatever arrived, without blocking.
+    let mut first = None;
+    if !sched.has_work() {
+        if !*idle {
+            *idle = true;
+            release_memory(engine);
+        }
+        let wait = sched
+            .next_deadline()
+            .map_or(IDLE_WAIT, |d| d.saturating_duration_since(Instant::now()))
+            .min(IDLE_WAIT);
+        match rx.recv_timeout(wait) {
+            Ok(c) => first = Some(c),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return false,
+        }
+    }
+    let mut pending: Vec<Command> = first.into_iter().collect();
+    loop {
+        match rx.try_recv() {
+            Ok(c) => pending.push(c),
+            Err(TryRecvError::Empty) => break,
+            Err(TryRecvError::Disconnected) => {
+                pending.push(Command::Shutdown);
+                break;
+            }
+        }
+    }
+    for c in pending {
+        match c {
+            Command::Submit(s) => sched.add(*s),
+            Command::Abort(id) => sched.abort(id, FinishReason::Cancelled, None, tok),
+            Command::Shutdown => {
+                sched.abort_all(FinishReason::Cancelled, "the server is shutting down", tok);
+                publish(sched, local, stats);
+                return false;
+            }
+            Command::InjectPanic => panic!("injected fault (--enable-fault-injection)"),
+        }
+    }
+    let t0 = Instant::now();
+    let batch = sched.schedule(t0, tok);
+    *idle &= batch.is_empty();
+    if batch.is_empty() {
+        publish(sched, local, stats);
+        if sched.has_work() {
+            // Work that cannot be placed right now (should not happen: requests that can never
+            // fit are refused on arrival); do not spin.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        return true;
+    }
+    let (inputs, adapters) = sched.inputs(&batch);
+    let t1 = Instant::now();
+    let result = engine.step_lora(&inputs, &adapters);
+    drop(inputs);
+    match result {
+        Ok(logits) => {
+            sched.update(&batch, &logits, tok);
+            engine.recycle(logits);
+        }
+        Err(e) => sched.fail(&batch, &format!("model step failed: {e}"), tok),
+    }
+    let t2 = Instant::now();
+    local.steps += 1;
+    local.step_tokens += batch.num_tokens() as u64;
+    local.schedule_seconds += (t1 - t0).as_secs_f64();
+    local.model_seconds += (t2 - t1).as_secs_f64();
+    publish(sched, local, stats);
+    true
 }
 
 /// On running out of work: the step buffers go back to the allocator (they are reused from step to

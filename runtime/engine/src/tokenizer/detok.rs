@@ -4,7 +4,9 @@
 //! Invariants: the concatenation of all deltas plus [`IncrementalDetokenizer::flush`] equals
 //! `decode(all ids)` (up to the prompt context, which is never emitted); a delta never ends inside a
 //! multi-byte character split across tokens — such text is held until the character completes (its
-//! partial decode ends in U+FFFD) or the sequence ends.
+//! partial decode ends in U+FFFD) or the sequence ends, for at most [`MAX_HELD`] tokens: bytes that never
+//! form a character then come out as U+FFFD, so the decoded window (and the cost per token) stays
+//! bounded.
 //!
 //! Design: the prefix/read offsets of Hugging Face TGI and vLLM (`detokenize_incrementally`): decode a
 //! small window `ids[prefix..]` and emit what extends `decode(ids[prefix..read])`. Seeding the window
@@ -16,6 +18,12 @@ use crate::error::Result;
 
 /// Prompt tokens kept as left context (vLLM's `INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET`).
 const CONTEXT: usize = 5;
+
+/// Most tokens held back waiting for a character to complete. A UTF-8 character is at most 4 bytes and
+/// every token carries at least one, so a longer wait means bytes that will never form a character (a
+/// `logit_bias` can force lone continuation bytes): they come out as U+FFFD and the window starts
+/// afresh, so each token costs the same however long the output grows.
+const MAX_HELD: usize = 8;
 
 /// One sequence's detokenizer.
 #[derive(Clone, Debug)]
@@ -47,13 +55,23 @@ impl IncrementalDetokenizer {
             self.skip_special_tokens,
         )?;
         let full = tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+        let extends = full.len() > prefix.len() && full.is_char_boundary(prefix.len());
+        if extends && !full.ends_with('\u{FFFD}') {
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
-            Ok(full[prefix.len()..].to_string())
-        } else {
-            Ok(String::new())
+            return Ok(full[prefix.len()..].to_string());
         }
+        if self.ids.len() - self.read_offset < MAX_HELD {
+            return Ok(String::new());
+        }
+        // Held too long: what never became a character is given up on (U+FFFD), the window restarts.
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        Ok(if extends {
+            full[prefix.len()..].to_string()
+        } else {
+            String::new()
+        })
     }
 
     /// Whatever text is still held back (an incomplete character at the end of generation).
@@ -96,6 +114,38 @@ mod tests {
         }
         out.push_str(&d.flush(&t).unwrap());
         assert_eq!(out, text);
+    }
+
+    #[test]
+    fn lone_continuation_bytes_are_given_up_on_and_the_window_stays_bounded() {
+        let t = tokenizer();
+        // "é" is two byte tokens; the second alone is a continuation byte that starts no character.
+        let cont = t.encode("é", false).unwrap()[1];
+        let mut d = IncrementalDetokenizer::new(&[], true);
+        let mut out = String::new();
+        for _ in 0..10_000 {
+            out.push_str(&d.push(&t, cont).unwrap());
+            assert!(
+                d.ids.len() - d.prefix_offset <= 2 * MAX_HELD,
+                "the decoded window stays bounded"
+            );
+        }
+        out.push_str(&d.flush(&t).unwrap());
+        assert!(out.chars().all(|c| c == '\u{FFFD}'), "{out:?}");
+        assert!(
+            out.chars().count() >= 10_000 / MAX_HELD,
+            "nothing silently vanished"
+        );
+        // A real character split over tokens still comes out whole, after such garbage too.
+        for id in t.encode("é!", false).unwrap() {
+            out.push_str(&d.push(&t, id).unwrap());
+        }
+        out.push_str(&d.flush(&t).unwrap());
+        assert!(
+            out.ends_with("é!"),
+            "{:?}",
+            out.chars().rev().take(4).collect::<String>()
+        );
     }
 
     #[test]

@@ -154,14 +154,7 @@ pub(crate) fn from_gguf(g: &GgufFile) -> Result<(Tokenizer, TokenizerConfig, Vec
         bos_token: bos.and_then(name),
         eos_token: k.id("tokenizer.ggml.eos_token_id").and_then(name),
     };
-    Ok((
-        Tokenizer {
-            inner: t,
-            path: g.path.clone(),
-        },
-        config,
-        eos_ids,
-    ))
+    Ok((Tokenizer::new(t, g.path.clone()), config, eos_ids))
 }
 
 fn vocab(tokens: &[String]) -> Vocab {

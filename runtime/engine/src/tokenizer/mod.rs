@@ -23,6 +23,8 @@ use std::path::{Path, PathBuf};
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
+    /// The longest token string in UTF-8 bytes (see [`Tokenizer::min_tokens_for`]).
+    max_token_bytes: usize,
 }
 
 impl Tokenizer {
@@ -38,10 +40,32 @@ impl Tokenizer {
             path: path.to_path_buf(),
             message: format!("invalid tokenizer: {e}"),
         })?;
-        Ok(Self {
+        Ok(Self::new(inner, path.to_path_buf()))
+    }
+
+    /// Wraps a built tokenizer; `path` names it in errors.
+    pub(crate) fn new(inner: tokenizers::Tokenizer, path: PathBuf) -> Self {
+        let max_token_bytes = inner
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        Self {
             inner,
-            path: path.to_path_buf(),
-        })
+            path,
+            max_token_bytes,
+        }
+    }
+
+    /// A lower bound on the number of tokens `text` encodes to, computed without tokenizing: no token
+    /// stands for more bytes than its own string holds (byte-level BPE writes each byte as a 1–2 byte
+    /// character, SentencePiece writes a space as the 3-byte `▁`, byte fallback as `<0xAB>`), and
+    /// normalization can shrink text at most 4× (a 4-byte character folded to one byte). Lets a server
+    /// refuse a prompt that cannot fit the context before spending time tokenizing it.
+    pub fn min_tokens_for(&self, text: &str) -> usize {
+        text.len() / (4 * self.max_token_bytes)
     }
 
     fn err(&self, e: impl std::fmt::Display) -> EngineError {

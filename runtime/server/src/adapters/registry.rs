@@ -227,8 +227,9 @@ impl Registry {
         &self.metrics
     }
 
-    /// Resolves `model` for `tenant`: the base, an adapter it may use, 403 for an adapter it may not
-    /// use, 404 for anything else.
+    /// Resolves `model` for `tenant`: the base, an adapter it may use, or 404 — for an adapter the
+    /// tenant may not use exactly as for one that does not exist, so no tenant learns another's
+    /// adapter names.
     pub fn resolve(&self, model: &str, tenant: &str) -> Result<ModelChoice, ApiError> {
         if model == self.base_name {
             return Ok(ModelChoice::Base);
@@ -236,15 +237,7 @@ impl Registry {
         let inner = self.lock();
         match inner.live.get(model) {
             Some(e) if allowed(&e.spec, tenant) => Ok(ModelChoice::Adapter(model.to_owned())),
-            Some(_) => Err(ApiError {
-                param: Some("model".into()),
-                code: Some("adapter_not_allowed".into()),
-                ..ApiError::new(
-                    ApiErrorKind::PermissionDenied,
-                    format!("the adapter `{model}` is not available to your tenant"),
-                )
-            }),
-            None => Err(ApiError {
+            _ => Err(ApiError {
                 param: Some("model".into()),
                 code: Some("model_not_found".into()),
                 ..ApiError::new(
@@ -374,7 +367,7 @@ impl Registry {
                 self.metrics.loaded(&spec.name, t0.elapsed());
             }
             Err(err) => {
-                eprintln!("adapters: reloading `{}` failed: {}", spec.name, err.message);
+                tracing::warn!(adapter = %spec.name, error = %err.message, "adapter reload failed");
                 e.broken = Some(err.message);
             }
         }
@@ -514,7 +507,7 @@ impl Registry {
             self.remove_dir_unless_used(&old.dir);
         }
         self.metrics.loaded(&name, t0.elapsed());
-        eprintln!("adapters: loaded `{name}` ({})", info.digest);
+        tracing::info!(adapter = %name, digest = %info.digest, "adapter loaded");
         Ok((true, info))
     }
 
@@ -557,7 +550,7 @@ impl Registry {
         };
         drop(inner);
         self.remove_dir_unless_used(&old.dir);
-        eprintln!("adapters: unloaded `{name}`");
+        tracing::info!(adapter = %name, "adapter unloaded");
         true
     }
 

@@ -91,9 +91,9 @@ pub async fn load_all(registry: Arc<Registry>, file: AdaptersFile, policy: Start
                 policy.deadline.as_secs_f64()
             );
             if registry.fail_if_pending(&spec, message) {
-                eprintln!(
-                    "adapters: start-up adapter `{}` is not loaded by the deadline; /ready no longer waits for it",
-                    spec.name
+                tracing::warn!(
+                    adapter = %spec.name,
+                    "start-up adapter not loaded by the deadline; /ready no longer waits for it"
                 );
             }
         }
@@ -123,14 +123,15 @@ async fn settle(registry: Arc<Registry>, spec: AdapterSpec, permits: Arc<Semapho
         };
         let shown = format!("{}: {message}", code.as_deref().unwrap_or("error"));
         if !transient(code.as_deref()) {
-            eprintln!("adapters: start-up adapter `{}` not loaded: {message}", spec.name);
+            tracing::warn!(adapter = %spec.name, error = %message, "start-up adapter not loaded");
             registry.record_failure(spec, shown);
             return;
         }
         if attempt == ATTEMPTS {
-            eprintln!(
-                "adapters: start-up adapter `{}` not loaded after {ATTEMPTS} tries ({message}); retrying in the background",
-                spec.name
+            tracing::warn!(
+                adapter = %spec.name,
+                error = %message,
+                "start-up adapter not loaded after {ATTEMPTS} tries; retrying in the background"
             );
             registry.record_failure(spec.clone(), format!("{shown} (retrying in the background)"));
             tokio::spawn(retry(registry, spec, permits, attempt));
@@ -149,10 +150,7 @@ async fn retry(registry: Arc<Registry>, spec: AdapterSpec, permits: Arc<Semaphor
         }
         match try_load(&registry, &spec, &permits).await {
             Ok(()) => {
-                eprintln!(
-                    "adapters: start-up adapter `{}` loaded after {failures} failed tries",
-                    spec.name
-                );
+                tracing::info!(adapter = %spec.name, "start-up adapter loaded after {failures} failed tries");
                 return;
             }
             Err((code, message)) => {

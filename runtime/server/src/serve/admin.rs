@@ -3,10 +3,11 @@
 //! check against the base model, publish; 201 for a new name or generation, 200 when that name and
 //! digest were already loaded), `DELETE /v1/adapters/{name}`.
 //!
-//! Invariants: nothing is answered without the token (compared in constant time on its SHA-256);
+//! Invariants: nothing but `/metrics` and `/health` is answered without the token (compared in constant time on its SHA-256);
 //! errors carry a stable `code` the operator maps to condition reasons (`digest_mismatch`,
 //! `incompatible`, `invalid_artifact`, `uri_not_allowed`, `source_unavailable`, `source_timeout`,
-//! `too_large`, `invalid_request`, `adapter_not_found`); the token is never logged.
+//! `too_large`, `invalid_request`, `adapter_not_found`); the token is never logged. `GET /metrics` is
+//! here too, without a token: the port is for the operator, Prometheus and the gateway, never for tenants.
 
 use super::state::AppState;
 use crate::adapters::AdapterSpec;
@@ -17,7 +18,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
@@ -39,9 +40,17 @@ pub fn router(st: Arc<AppState>, token: Option<String>) -> Router {
     Router::new()
         .route("/v1/adapters", get(list).post(load))
         .route("/v1/adapters/{name}", delete(unload))
-        .route("/health", get(|| async { "ok" }))
+        .route("/v1/faults/engine-panic", post(inject_panic))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(admin)
+        .with_state(admin.clone())
+        // Prometheus text, without a token: this port is for the operator, Prometheus and the gateway,
+        // never for tenants (the metrics name every tenant and adapter).
+        .merge(
+            Router::new()
+                .route("/metrics", get(super::routes::metrics))
+                .route("/health", get(super::routes::health))
+                .with_state(admin.st.clone()),
+        )
 }
 
 fn check(admin: &Admin, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -69,6 +78,23 @@ async fn list(State(a): State<Arc<Admin>>, headers: HeaderMap) -> Response {
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// `POST /v1/faults/engine-panic`: makes the engine's step loop panic, as a bug would (for tests and
+/// chaos drills). 404 unless the server runs with `--enable-fault-injection`.
+async fn inject_panic(State(a): State<Arc<Admin>>, headers: HeaderMap) -> Response {
+    if let Err(e) = check(&a, &headers) {
+        return e.into_response();
+    }
+    if !a.st.fault_injection {
+        return ApiError::new(
+            ApiErrorKind::NotFound,
+            "fault injection is off (--enable-fault-injection)",
+        )
+        .into_response();
+    }
+    a.st.engine.inject_panic();
+    (StatusCode::ACCEPTED, "the engine will panic at its next step").into_response()
 }
 
 fn parse_spec(body: &[u8]) -> Result<AdapterSpec, ApiError> {

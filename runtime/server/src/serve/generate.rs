@@ -90,42 +90,52 @@ pub struct Running {
     pub stream: RequestStream,
 }
 
-/// Submits every choice, or none: a refusal aborts those already submitted and becomes the answer.
+/// Submits every choice as one group the admission gate takes whole or refuses (the refusal is the
+/// answer; nothing was queued).
 pub fn submit(st: &AppState, job: &JobSpec, choices: Vec<ChoiceSpec>) -> Result<Vec<Running>, ApiError> {
     let quota = TenantLimits {
         max_concurrent_requests: job.tenant.max_concurrent_requests.map(|v| v as usize),
         max_queued_tokens: job.tenant.max_queued_tokens.map(|v| v as usize),
+        max_queued_requests: st.tenant_queue_share,
     };
     let deadline = job.deadline(st);
-    let mut out = Vec::with_capacity(choices.len());
-    for c in choices {
-        let request = Request {
-            tenant: job.tenant.id.clone(),
-            cache_scope: st.cache_scope(&job.tenant),
-            adapter: job.adapter.clone(),
-            cache_salt: job.cache_salt.clone(),
-            priority: job.priority,
-            prompt: c.prompt,
-            params: c.params,
-            arrival: job.arrival,
-            deadline: Some(deadline),
-        };
-        match st.engine.submit(request, quota) {
-            Ok(stream) => out.push(Running {
-                index: c.index,
-                prompt_index: c.prompt_index,
-                stream,
-            }),
-            Err(r) => {
-                st.metrics
-                    .requests_rejected
-                    .with_label_values(&[&st.served_name, &job.tenant.id, r.label()])
-                    .inc();
-                return Err(rejection_error(&r));
+    let scope = st.cache_scope(&job.tenant);
+    let mut places = Vec::with_capacity(choices.len());
+    let requests = choices
+        .into_iter()
+        .map(|c| {
+            places.push((c.index, c.prompt_index));
+            Request {
+                tenant: job.tenant.id.clone(),
+                cache_scope: scope.clone(),
+                adapter: job.adapter.clone(),
+                cache_salt: job.cache_salt.clone(),
+                priority: job.priority,
+                prompt: c.prompt,
+                params: c.params,
+                arrival: job.arrival,
+                deadline: Some(deadline),
             }
+        })
+        .collect();
+    match st.engine.submit_group(requests, quota) {
+        Ok(streams) => Ok(places
+            .into_iter()
+            .zip(streams)
+            .map(|((index, prompt_index), stream)| Running {
+                index,
+                prompt_index,
+                stream,
+            })
+            .collect()),
+        Err(r) => {
+            st.metrics
+                .requests_rejected
+                .with_label_values(&[&st.served_name, &job.tenant.id, r.label()])
+                .inc();
+            Err(rejection_error(&r))
         }
     }
-    Ok(out)
 }
 
 /// The HTTP answer to an admission refusal.
@@ -191,14 +201,18 @@ impl ChoiceOut {
     }
 }
 
-/// The error for a choice that ended before producing anything, if it did.
-pub fn early_failure(f: &Finished) -> Option<ApiError> {
+/// The error for a choice that ended before producing anything, if it did. A choice the failed engine
+/// ended is a 503 (retry on another replica), not a 500.
+pub fn early_failure(st: &AppState, f: &Finished) -> Option<ApiError> {
     if f.usage.completion_tokens > 0 {
         return None;
     }
     let message = f.message.clone().unwrap_or_else(|| f.reason.as_str().into());
     match f.reason {
         FinishReason::Timeout => Some(ApiError::new(ApiErrorKind::Timeout, message)),
+        FinishReason::Error if st.engine.failure().is_some() => {
+            Some(ApiError::new(ApiErrorKind::Unavailable, message))
+        }
         FinishReason::Error => Some(ApiError::new(ApiErrorKind::Internal, message)),
         FinishReason::Cancelled => Some(ApiError::new(ApiErrorKind::Unavailable, message)),
         FinishReason::Stop | FinishReason::Length => None,
@@ -249,7 +263,10 @@ pub fn record(metrics: &RuntimeMetrics, model: &str, tenant: &str, f: &Finished)
         "latency_seconds": secs(t.arrival, t.finished),
         "preemptions": t.preemptions,
     });
-    println!("{line}");
+    // On the engine thread: a closed stdout must lose the line, never panic the engine.
+    if !crate::logging::stdout_line(&line.to_string()) {
+        m.log_write_errors.inc();
+    }
 }
 
 /// Usage over all choices: each prompt counted once (with its first choice's cache hits).
@@ -307,7 +324,7 @@ pub async fn collect(st: &AppState, tenant: &str, running: Vec<Running>) -> Resu
     }
     let errors: Vec<ApiError> = outs
         .iter()
-        .filter_map(|o| o.finished.as_ref().and_then(early_failure))
+        .filter_map(|o| o.finished.as_ref().and_then(|f| early_failure(st, f)))
         .collect();
     if errors.len() == outs.len()
         && let Some(e) = errors.into_iter().next()

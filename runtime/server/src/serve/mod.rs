@@ -7,10 +7,12 @@
 //! `--shutdown-grace-seconds` to finish, then whatever is left is cancelled and the process exits 0.
 
 mod admin;
+mod body;
 mod generate;
 mod openai;
 pub mod openapi;
 pub mod params;
+mod prompt;
 mod routes;
 pub mod state;
 mod structured;
@@ -18,6 +20,7 @@ mod tools;
 
 use crate::tenants::{self, Auth};
 use anyhow::{Context, bail};
+use modelfleet_api::listener::{self, Limits as ListenerLimits};
 use modelfleet_engine::kernels::KvDType;
 use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::sched::{EngineHandle, FinishHook, QueueLimits, SchedulerConfig};
@@ -172,9 +175,31 @@ pub struct ServeArgs {
     /// Largest request body, bytes.
     #[arg(long, env = "MODELFLEET_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Seconds a client has to send a request body (after its key was checked).
+    #[arg(long, env = "MODELFLEET_BODY_READ_TIMEOUT", default_value_t = 30.0)]
+    pub body_read_timeout: f64,
+    /// Seconds a client has to send a request's headers; slower connections are closed.
+    #[arg(long, env = "MODELFLEET_HEADER_READ_TIMEOUT", default_value_t = 10.0)]
+    pub header_read_timeout: f64,
+    /// Most connections open at once on the API port; more are closed as they arrive.
+    #[arg(long, env = "MODELFLEET_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Most engine sequences one request fans out to (prompts × `n`).
+    #[arg(long, env = "MODELFLEET_MAX_SEQUENCES_PER_REQUEST", default_value_t = 16)]
+    pub max_sequences_per_request: usize,
+    /// Most sequences one tenant may have waiting (default: half of `--max-num-queued-reqs` with a
+    /// tenants file, so no tenant fills the queue for the others; all of it without one).
+    #[arg(long, env = "MODELFLEET_MAX_NUM_QUEUED_REQS_PER_TENANT")]
+    pub max_num_queued_reqs_per_tenant: Option<usize>,
+    /// Longest `cache_salt`, bytes.
+    #[arg(long, env = "MODELFLEET_MAX_CACHE_SALT_BYTES", default_value_t = 256)]
+    pub max_cache_salt_bytes: usize,
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, env = "MODELFLEET_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     pub shutdown_grace_seconds: u64,
+    /// Lets the admin API inject faults (`POST /v1/faults/engine-panic`): for tests and chaos drills.
+    #[arg(long, env = "MODELFLEET_ENABLE_FAULT_INJECTION", hide = true)]
+    pub enable_fault_injection: bool,
     /// Where a start-up failure's one-line reason goes (written only if the file exists, as in a pod,
     /// unless the flag is given explicitly).
     #[arg(long, env = "MODELFLEET_TERMINATION_LOG")]
@@ -183,6 +208,7 @@ pub struct ServeArgs {
 
 /// Runs the server until SIGTERM; start-up failures exit non-zero with a termination message.
 pub fn run(args: ServeArgs) -> ExitCode {
+    crate::logging::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -190,7 +216,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("serve: cannot start the async runtime: {e}");
+            tracing::error!("cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -198,7 +224,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let line = format!("{e:#}");
-            eprintln!("serve: {line}");
+            tracing::error!("{line}");
             crate::fetch_cmd::write_termination_log(args.termination_log.as_deref(), &line);
             ExitCode::FAILURE
         }
@@ -226,7 +252,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 args.model.display()
             );
         }
-        eprintln!("serve: {} verified ({got})", args.model.display());
+        tracing::info!(model = %args.model.display(), digest = %got, "model verified");
     }
     let auth = match &args.tenants {
         Some(path) => {
@@ -235,7 +261,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Auth::Keys(table)
         }
         None => {
-            eprintln!("serve: no --tenants file: single-tenant mode, every request is tenant \"default\"");
+            tracing::warn!("no --tenants file: single-tenant mode, every request is tenant \"default\"");
             Auth::single_tenant()
         }
     };
@@ -263,6 +289,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
              --max-lora-rank in [1, 512] (got {})",
             args.max_lora_rank
         );
+    }
+    for (flag, secs) in [
+        ("--body-read-timeout", args.body_read_timeout),
+        ("--header-read-timeout", args.header_read_timeout),
+    ] {
+        if !(secs.is_finite() && secs > 0.0 && secs <= 3600.0) {
+            bail!("{flag} must be in (0, 3600] seconds, got {secs}");
+        }
+    }
+    if args.max_connections == 0 || args.max_sequences_per_request == 0 {
+        bail!("--max-connections and --max-sequences-per-request must be >= 1");
     }
     if let Some(bad) = args
         .adapter_uri_schemes
@@ -303,9 +340,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             kv_cache_dtype,
         };
         let kernels = CpuKernels::new(threads);
-        eprintln!(
-            "serve: kernels: {}",
-            modelfleet_engine::kernels::Kernels::describe(&kernels)
+        tracing::info!(
+            kernels = %modelfleet_engine::kernels::Kernels::describe(&kernels),
+            "compute kernels chosen"
         );
         Engine::load_with(md, kernels, &cfg)
     };
@@ -371,9 +408,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         served_name: name,
         limits: RequestLimits {
             max_timeout_secs: args.max_request_timeout,
+            max_sequences: args.max_sequences_per_request,
+            max_cache_salt_bytes: args.max_cache_salt_bytes,
             ..RequestLimits::default()
         },
+        body: state::BodyLimits {
+            max_bytes: args.max_body_bytes,
+            read_timeout: Duration::from_secs_f64(args.body_read_timeout),
+        },
+        prompt_work: Default::default(),
+        tenant_queue_share: Some(
+            args.max_num_queued_reqs_per_tenant
+                .unwrap_or(if args.tenants.is_some() {
+                    (args.max_num_queued_reqs / 2).max(args.max_sequences_per_request)
+                } else {
+                    args.max_num_queued_reqs
+                }),
+        ),
         scope: args.prefix_cache_scope,
+        fault_injection: args.enable_fault_injection,
         draining: Default::default(),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -394,10 +447,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let admin = tokio::net::TcpListener::bind(admin_addr)
         .await
         .with_context(|| format!("binding the admin port {admin_addr}"))?;
-    eprintln!(
-        "serve: `{}` on http://{addr} (admin http://{admin_addr}); {}",
-        st.served_name,
-        st.engine.model_dir().path.display()
+    tracing::info!(
+        model = %st.served_name,
+        path = %st.engine.model_dir().path.display(),
+        "serving on http://{addr} (admin and /metrics on http://{admin_addr})"
     );
     // Start-up adapters load while the server listens (so liveness holds); `/ready` waits for them, up
     // to the deadline.
@@ -420,18 +473,32 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
-    let api_task = tokio::spawn(
-        axum::serve(api, app)
-            .with_graceful_shutdown(wait(stop_rx.clone()))
-            .into_future(),
-    );
-    let admin_task = tokio::spawn(
-        axum::serve(admin, admin_app)
-            .with_graceful_shutdown(wait(stop_rx))
-            .into_future(),
-    );
-    shutdown_signal().await;
-    eprintln!("serve: shutting down: refusing new requests, draining in-flight ones");
+    let limits = ListenerLimits {
+        max_connections: args.max_connections,
+        header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
+        ..ListenerLimits::default()
+    };
+    let api_task = tokio::spawn(listener::serve(api, app, limits.clone(), wait(stop_rx.clone())));
+    // The admin port (operator, Prometheus, gateway) has its own connection budget, so a flood of
+    // tenant connections never blinds the autoscaler or the probes there.
+    let admin_limits = ListenerLimits {
+        max_connections: 256,
+        ..limits
+    };
+    let admin_task = tokio::spawn(listener::serve(admin, admin_app, admin_limits, wait(stop_rx)));
+    tokio::select! {
+        () = shutdown_signal() => {}
+        why = st.engine.failed() => {
+            // The engine already ended every live request with an error; /health and /ready say 503.
+            // Give those answers a moment to reach their clients, then exit non-zero so the kubelet
+            // restarts the pod rather than keeping a dead engine in service.
+            tracing::error!(reason = %why, "the engine failed; exiting so the pod restarts");
+            st.draining.store(true, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            bail!("{why}");
+        }
+    }
+    tracing::info!("shutting down: refusing new requests, draining in-flight ones");
     st.draining.store(true, Ordering::SeqCst);
     st.engine.gate().close();
     let grace = Duration::from_secs(args.shutdown_grace_seconds);
@@ -452,7 +519,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let _ = admin_task.await;
     })
     .await;
-    eprintln!("serve: stopped");
+    tracing::info!("stopped");
     Ok(())
 }
 

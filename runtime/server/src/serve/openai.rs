@@ -3,14 +3,14 @@
 //! answer with one JSON body or an SSE stream.
 
 use super::generate::{self, ChoiceOut, ChoiceSpec, JobSpec, Running};
-use super::params::{fit_context, sampling_params};
+use super::params::{cache_salt_key, check_fanout, fit_context, sampling_params};
 use super::state::AppState;
-use super::{structured, tools};
+use super::{body, prompt, structured, tools};
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::response::*;
 use crate::api::structured::{ToolMode, tool_plan};
 use crate::api::wire::{self, Prompt, Sampling};
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
@@ -73,6 +73,7 @@ fn choice_specs(
 }
 
 fn job(
+    st: &AppState,
     tenant: Arc<crate::tenants::Tenant>,
     model: &str,
     s: &Sampling,
@@ -89,7 +90,7 @@ fn job(
     Ok(JobSpec {
         tenant,
         priority: s.priority.unwrap_or(0),
-        cache_salt: s.cache_salt.clone(),
+        cache_salt: cache_salt_key(s.cache_salt.as_deref(), &st.limits)?,
         timeout: s.timeout,
         arrival,
         model: model.to_owned(),
@@ -108,40 +109,22 @@ fn logprobs_count(asked: Option<bool>, top: Option<u32>) -> Result<Option<usize>
     }
 }
 
-/// The body, or the reason it could not be read (too large) as an OpenAI error.
-pub type RawBody = Result<Bytes, axum::extract::rejection::BytesRejection>;
-
-fn body(b: RawBody) -> Result<Bytes, ApiError> {
-    b.map_err(|e| {
-        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError {
-                param: Some("body".into()),
-                code: Some("body_too_large".into()),
-                ..ApiError::new(
-                    ApiErrorKind::ContextLength,
-                    format!("the request body is too large: {e}"),
-                )
-            }
-        } else {
-            ApiError::invalid("body", format!("cannot read the body: {e}"))
-        }
-    })
-}
-
 /// `POST /v1/chat/completions`.
-pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawBody) -> Response {
+pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: Body) -> Response {
     match chat_inner(st, headers, raw).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Result<Response, ApiError> {
+async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: Body) -> Result<Response, ApiError> {
     let arrival = Instant::now();
+    // The key is checked from the headers before a byte of the body is read.
     let tenant = st.authenticate(&headers)?;
     st.check_open(&tenant)?;
-    let req = wire::parse_chat(&body(raw)?)?;
+    let req = prompt::parse(&st, body::read(raw, st.body).await?, wire::parse_chat).await?;
     let choice = st.check_model(&req.model, &tenant)?;
+    check_fanout(1, req.sampling.n, &st.limits)?;
     let plan = tool_plan(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
@@ -153,17 +136,14 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
         ApiError::invalid("messages", "this model has no chat template; use /v1/completions")
     })?;
     let (messages, tools_value) = tools::messages(&plan, &req.messages, template.renders_tools());
-    let text = template
-        .render_with_tools(
-            &messages,
-            tools_value.as_ref(),
-            req.add_generation_prompt.unwrap_or(true),
-        )
-        .map_err(|e| ApiError::invalid("messages", format!("the chat template refused the messages: {e}")))?;
-    let prompt = md
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let mut job = job(&st, tenant, &req.model, &req.sampling, arrival)?;
+    let prompt = prompt::chat(
+        &st,
+        messages,
+        tools_value,
+        req.add_generation_prompt.unwrap_or(true),
+    )
+    .await?;
     let logprobs = logprobs_count(req.logprobs, req.top_logprobs)?;
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let (mut base, n) = sampling_params(
@@ -175,7 +155,6 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: RawBody) -> Resu
     )?;
     base.constraint = structured::for_request(&st, requested, tools::grammar::lark(&plan)).await?;
     let specs = choice_specs(&st, vec![prompt], base, n)?;
-    let mut job = job(tenant, &req.model, &req.sampling, arrival)?;
     job.adapter = generate::acquire_adapter(&st, &choice, &job).await?;
     let running = generate::submit(&st, &job, specs)?;
     let id = format!("chatcmpl-{}", running[0].stream.id);
@@ -273,44 +252,33 @@ fn completion_logprobs(st: &AppState, lps: &[SampleOutput], offset0: usize) -> C
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawBody) -> Response {
+pub async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: Body) -> Response {
     match completions_inner(st, headers, raw).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn completions_inner(
-    st: Arc<AppState>,
-    headers: HeaderMap,
-    raw: RawBody,
-) -> Result<Response, ApiError> {
+async fn completions_inner(st: Arc<AppState>, headers: HeaderMap, raw: Body) -> Result<Response, ApiError> {
     let arrival = Instant::now();
+    // The key is checked from the headers before a byte of the body is read.
     let tenant = st.authenticate(&headers)?;
     st.check_open(&tenant)?;
-    let req = wire::parse_completion(&body(raw)?)?;
+    let mut req = prompt::parse(&st, body::read(raw, st.body).await?, wire::parse_completion).await?;
     let choice = st.check_model(&req.model, &tenant)?;
-    let md = st.model().clone();
-    let encode = |t: &str| {
-        md.tokenizer
-            .encode(t, true)
-            .map_err(|e| ApiError::invalid("prompt", e.to_string()))
-    };
-    let prompts: Vec<Vec<u32>> = match &req.prompt {
-        Prompt::Text(t) => vec![encode(t)?],
-        Prompt::Texts(ts) => ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
-        Prompt::Tokens(ids) => vec![ids.clone()],
-        Prompt::TokenLists(l) => l.clone(),
-    };
-    if prompts.len() > MAX_PROMPTS {
+    // Counts first: nothing is tokenized for a request that fans out too far.
+    let count = prompt::count(&req.prompt);
+    if count > MAX_PROMPTS {
         return Err(ApiError::invalid(
             "prompt",
-            format!(
-                "`prompt` may hold at most {MAX_PROMPTS} prompts, got {}",
-                prompts.len()
-            ),
+            format!("`prompt` may hold at most {MAX_PROMPTS} prompts, got {count}"),
         ));
     }
+    check_fanout(count, req.sampling.n, &st.limits)?;
+    let mut job = job(&st, tenant, &req.model, &req.sampling, arrival)?;
+    let md = st.model().clone();
+    let wire_prompt = std::mem::replace(&mut req.prompt, Prompt::Texts(Vec::new()));
+    let prompts = prompt::completion(&st, wire_prompt, true).await?;
     if prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::invalid(
             "prompt",
@@ -336,7 +304,6 @@ async fn completions_inner(
         vec![String::new(); prompts.len()]
     };
     let specs = choice_specs(&st, prompts, base, n)?;
-    let mut job = job(tenant, &req.model, &req.sampling, arrival)?;
     job.adapter = generate::acquire_adapter(&st, &choice, &job).await?;
     let running = generate::submit(&st, &job, specs)?;
     let id = format!("cmpl-{}", running[0].stream.id);
@@ -412,7 +379,7 @@ async fn stream_response(
     let first = events.next().await;
     if keys.len() == 1
         && let Some((_, RequestEvent::Finished(f))) = &first
-        && let Some(e) = generate::early_failure(f)
+        && let Some(e) = generate::early_failure(&st, f)
     {
         return Err(e);
     }

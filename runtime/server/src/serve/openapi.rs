@@ -134,8 +134,7 @@ pub fn document() -> Value {
             "/health": {"get": {"summary": "Liveness", "responses": {"200": {"description": "Alive", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
             "/ready": {"get": {"summary": "Readiness", "responses": {
                 "200": {"description": "Ready", "content": {"text/plain": {"schema": {"type": "string"}}}},
-                "503": {"description": "Draining", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "Text exposition format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}
+                "503": {"description": "Draining", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}
         },
         "components": {
             "schemas": schemas,

@@ -22,6 +22,10 @@ pub struct RequestLimits {
     pub max_stop_token_ids: usize,
     /// Longest allowed `timeout`, in seconds (also the default).
     pub max_timeout_secs: f64,
+    /// Most engine sequences one request fans out to (prompts × `n`).
+    pub max_sequences: usize,
+    /// Longest `cache_salt`, in bytes.
+    pub max_cache_salt_bytes: usize,
 }
 
 impl Default for RequestLimits {
@@ -33,6 +37,8 @@ impl Default for RequestLimits {
             max_logit_bias: 300,
             max_stop_token_ids: 64,
             max_timeout_secs: 600.0,
+            max_sequences: 16,
+            max_cache_salt_bytes: 256,
         }
     }
 }
@@ -47,6 +53,43 @@ pub fn engine_param_error(e: EngineError) -> ApiError {
         EngineError::InvalidParam { field, message } => invalid(field, message),
         other => ApiError::invalid("body", other.to_string()),
     }
+}
+
+/// Refuses a request that would fan out to more than `limits.max_sequences` engine sequences
+/// (`prompts` × `n`), before anything is tokenized.
+pub fn check_fanout(prompts: usize, n: Option<u32>, limits: &RequestLimits) -> Result<(), ApiError> {
+    let n = n.unwrap_or(1) as usize;
+    if prompts.saturating_mul(n) > limits.max_sequences {
+        let field = if prompts > 1 { "prompt" } else { "n" };
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "prompts × `n` = {prompts} × {n} = {} sequences; at most {} per request \
+                 (--max-sequences-per-request)",
+                prompts * n,
+                limits.max_sequences
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the `cache_salt` length and returns what the engine hashes into block keys: the salt's
+/// SHA-256, computed once per request (not the salt itself once per block and choice).
+pub fn cache_salt_key(salt: Option<&str>, limits: &RequestLimits) -> Result<Option<String>, ApiError> {
+    use sha2::{Digest, Sha256};
+    let Some(salt) = salt else { return Ok(None) };
+    if salt.len() > limits.max_cache_salt_bytes {
+        return Err(invalid(
+            "cache_salt",
+            format!(
+                "may be at most {} bytes, got {}",
+                limits.max_cache_salt_bytes,
+                salt.len()
+            ),
+        ));
+    }
+    Ok(Some(hex::encode(Sha256::digest(salt.as_bytes()))))
 }
 
 /// Builds and validates the sampling parameters. `max_tokens` is what the request asked for (either
@@ -140,6 +183,15 @@ pub fn sampling_params(
     Ok((p, n))
 }
 
+/// The 413 for a prompt (or prompt + `max_tokens`) over the context.
+pub fn context_error(param: &str, message: String) -> ApiError {
+    ApiError {
+        param: Some(param.into()),
+        code: Some("context_length_exceeded".into()),
+        ..ApiError::new(ApiErrorKind::ContextLength, message)
+    }
+}
+
 /// Fixes `max_tokens` against the context: absent means "up to the context limit"; a prompt that
 /// leaves no room, or an explicit `max_tokens` that does not fit, is a 413.
 pub fn fit_context(
@@ -149,32 +201,24 @@ pub fn fit_context(
     vocab_size: usize,
 ) -> Result<ValidSamplingParams, ApiError> {
     if prompt_len >= max_model_len {
-        return Err(ApiError {
-            param: Some("messages".into()),
-            code: Some("context_length_exceeded".into()),
-            ..ApiError::new(
-                ApiErrorKind::ContextLength,
-                format!(
-                    "the prompt is {prompt_len} tokens; the context limit is {max_model_len} tokens \
-                     and at least one must be left to generate"
-                ),
-            )
-        });
+        return Err(context_error(
+            "messages",
+            format!(
+                "the prompt is {prompt_len} tokens; the context limit is {max_model_len} tokens \
+                 and at least one must be left to generate"
+            ),
+        ));
     }
     let room = max_model_len - prompt_len;
     match p.max_tokens {
         Some(m) if m > room => {
-            return Err(ApiError {
-                param: Some("max_tokens".into()),
-                code: Some("context_length_exceeded".into()),
-                ..ApiError::new(
-                    ApiErrorKind::ContextLength,
-                    format!(
-                        "prompt ({prompt_len} tokens) + max_tokens ({m}) exceeds the context limit of \
-                         {max_model_len} tokens"
-                    ),
-                )
-            });
+            return Err(context_error(
+                "max_tokens",
+                format!(
+                    "prompt ({prompt_len} tokens) + max_tokens ({m}) exceeds the context limit of \
+                     {max_model_len} tokens"
+                ),
+            ));
         }
         Some(_) => {}
         None => p.max_tokens = Some(room),
@@ -212,6 +256,36 @@ mod tests {
             ..Default::default()
         });
         assert!(e.message.contains("< 100"));
+    }
+
+    #[test]
+    fn fanout_and_salt_are_bounded() {
+        let l = RequestLimits::default();
+        assert!(check_fanout(16, Some(1), &l).is_ok());
+        assert!(check_fanout(2, Some(8), &l).is_ok());
+        let e = check_fanout(16, Some(8), &l).unwrap_err();
+        assert_eq!((e.status(), e.param.as_deref()), (400, Some("prompt")));
+        assert!(
+            e.message.contains("128 sequences") && e.message.contains("at most 16"),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            check_fanout(1, Some(17), &l).unwrap_err().param.as_deref(),
+            Some("n")
+        );
+        let e = cache_salt_key(Some(&"x".repeat(257)), &l).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("cache_salt"));
+        assert!(e.message.contains("at most 256 bytes, got 257"), "{}", e.message);
+        let k = cache_salt_key(Some("s1"), &l).unwrap().unwrap();
+        assert_eq!(k.len(), 64);
+        assert_eq!(
+            cache_salt_key(Some("s1"), &l).unwrap().unwrap(),
+            k,
+            "same salt, same key"
+        );
+        assert_ne!(cache_salt_key(Some("s2"), &l).unwrap().unwrap(), k);
+        assert_eq!(cache_salt_key(None, &l).unwrap(), None);
     }
 
     #[test]

