@@ -15,6 +15,10 @@ fn the_openai_python_client_works_against_the_server() {
             "8",
             "--max-num-queued-reqs",
             "256",
+            // One tenant opens 200 streams at once (the dropped-streams test): give it the whole queue
+            // (by default a tenant may fill half of it when there are several).
+            "--max-num-queued-reqs-per-tenant",
+            "256",
             "--block-size",
             "4",
             "--num-kv-blocks",
