@@ -13,15 +13,66 @@ pub enum ModelCache {
     None,
 }
 
+/// Which namespaces' pods may mount the shared model cache (`--model-cache-namespaces`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum CacheNamespaces {
+    /// None: every pod fetches into its own volume (the default).
+    #[default]
+    None,
+    /// These namespaces.
+    Listed(Vec<String>),
+    /// Every namespace (`*`).
+    All,
+}
+
+impl CacheNamespaces {
+    /// From the flag's comma-separated values (`*` alone means every namespace).
+    pub fn parse(values: &[String]) -> CacheNamespaces {
+        let listed: Vec<String> = values
+            .iter()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .collect();
+        if listed.iter().any(|v| v == "*") {
+            CacheNamespaces::All
+        } else if listed.is_empty() {
+            CacheNamespaces::None
+        } else {
+            CacheNamespaces::Listed(listed)
+        }
+    }
+
+    /// Whether pods in `ns` mount the shared cache.
+    pub fn includes(&self, ns: &str) -> bool {
+        match self {
+            CacheNamespaces::None => false,
+            CacheNamespaces::Listed(l) => l.iter().any(|n| n == ns),
+            CacheNamespaces::All => true,
+        }
+    }
+}
+
 /// Settings every builder reads.
 #[derive(Clone, Debug)]
 pub struct OperatorConfig {
     /// Image of `modelfleet-runtime` when a ModelDeployment does not name one.
     pub runtime_image: String,
-    /// The model cache of runtime pods.
+    /// The shared model cache of runtime pods.
     pub model_cache: ModelCache,
+    /// Namespaces whose pods mount `model_cache`; the others fetch into their own volume only (a
+    /// shared host directory is a channel between namespaces, so it is opt-in).
+    pub model_cache_namespaces: CacheNamespaces,
+    /// `sizeLimit` of each pod's model volume (a Kubernetes quantity), also passed to `fetch --max-bytes`.
+    pub model_volume_size_limit: Option<String>,
+    /// `sizeLimit` of each pod's adapter store (a quantity), also passed to `serve --max-adapter-bytes`.
+    pub adapter_store_size_limit: Option<String>,
     /// Seconds a runtime pod gets to drain in-flight requests on SIGTERM.
     pub termination_grace_seconds: i64,
+    /// Seconds a terminating runtime pod keeps serving before SIGTERM (`preStop` sleep), so load
+    /// balancers and gateways stop sending to it first. 0: none.
+    pub pre_stop_seconds: i64,
+    /// User and group id runtime containers run as (non-root).
+    pub run_as_user: i64,
     /// Directories under which runtime pods may read `file://` adapters (`--adapter-file-roots`). The
     /// cluster admin's choice, never a namespace user's: empty means no `file://` adapters at all.
     pub adapter_file_roots: Vec<String>,
@@ -32,8 +83,72 @@ impl Default for OperatorConfig {
         OperatorConfig {
             runtime_image: "modelfleet/runtime:latest".into(),
             model_cache: ModelCache::HostPath("/var/lib/modelfleet/cache".into()),
+            model_cache_namespaces: CacheNamespaces::None,
+            model_volume_size_limit: None,
+            adapter_store_size_limit: Some("2Gi".into()),
             termination_grace_seconds: 60,
+            pre_stop_seconds: 5,
+            run_as_user: 65532,
             adapter_file_roots: Vec::new(),
         }
+    }
+}
+
+/// Bytes of a Kubernetes quantity (`20Gi`, `500M`, `1e9`, `123`); `None` if it is not one we read
+/// (fractions and milli-units make no sense for bytes).
+pub fn quantity_bytes(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let (number, suffix) = q.split_at(split);
+    let factor: u64 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        s if s.starts_with(['e', 'E']) => 10u64.checked_pow(s[1..].parse().ok()?)?,
+        _ => return None,
+    };
+    let n: u64 = number.parse().ok()?;
+    n.checked_mul(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_in_bytes() {
+        let cases = [
+            ("20Gi", Some(20u64 << 30)),
+            ("512Mi", Some(512 << 20)),
+            ("1G", Some(1_000_000_000)),
+            ("123", Some(123)),
+            ("1e3", Some(1000)),
+            ("1.5Gi", None),
+            ("100m", None),
+            ("", None),
+            ("Gi", None),
+        ];
+        for (q, want) in cases {
+            assert_eq!(quantity_bytes(q), want, "{q}");
+        }
+    }
+
+    #[test]
+    fn cache_namespaces() {
+        let parse = |v: &[&str]| CacheNamespaces::parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(parse(&[]), CacheNamespaces::None);
+        assert!(!parse(&[]).includes("a"));
+        assert!(parse(&["a", " b "]).includes("b") && !parse(&["a"]).includes("c"));
+        assert!(parse(&["*"]).includes("anything"));
     }
 }

@@ -12,16 +12,20 @@
 //! - [`telemetry`]: `/metrics`, `/healthz`, `/readyz` and the operator's own Prometheus metrics.
 //!
 //! Invariants: nothing but the reconciler's one server-side apply writes the runtime Deployment (so its
-//! replicas never have two writers) and the adapters ConfigMap; status contains nothing that changes
-//! without a change in the world; no reconcile pass waits on a runtime pod's admin API.
+//! replicas never have two writers) and the adapters ConfigMap; the operator never adopts an object it
+//! did not create (`NameConflict`) and never patches a Secret; status contains nothing that changes
+//! without a change in the world; no reconcile pass waits on a runtime pod's admin API; every answer
+//! read from a pod or Prometheus is capped in bytes and time ([`body`]).
 
 pub mod autoscaler;
+pub mod body;
 pub mod builders;
 pub mod config;
 pub mod controller;
 pub mod labels;
 pub mod leader;
 pub mod lora;
+pub mod scope;
 pub mod status;
 pub mod telemetry;
 #[cfg(test)]

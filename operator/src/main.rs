@@ -5,7 +5,8 @@
 //!   `modelfleet-crds`.
 
 use clap::{Args, Parser, Subcommand};
-use modelfleet_operator::config::{ModelCache, OperatorConfig};
+use modelfleet_operator::config::{CacheNamespaces, ModelCache, OperatorConfig, quantity_bytes};
+use modelfleet_operator::scope::Scope;
 use modelfleet_operator::telemetry::{Metrics, init_tracing, router};
 use std::io::Write;
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the controller.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print every CRD of the modelfleet.io API as YAML (pipe into `kubectl apply -f -`).
     Crds {
         /// Write one `<group>_<plural>.yaml` file per CRD into this directory instead of printing.
@@ -55,6 +56,29 @@ struct RunArgs {
     /// No model cache: every runtime pod downloads the model.
     #[arg(long, env = "MODELFLEET_NO_MODEL_CACHE")]
     no_model_cache: bool,
+    /// Namespaces whose runtime pods mount the shared model cache (comma-separated; `*`: every
+    /// namespace). Others fetch into their own volume only. Default: none.
+    #[arg(long, env = "MODELFLEET_MODEL_CACHE_NAMESPACES", value_delimiter = ',')]
+    model_cache_namespaces: Vec<String>,
+    /// `sizeLimit` of each runtime pod's model volume (a quantity such as `20Gi`); `fetch` refuses a
+    /// larger model (`--max-bytes`). Default: none (`fetch` is bounded by the volume's free space).
+    #[arg(long, env = "MODELFLEET_MODEL_VOLUME_SIZE_LIMIT")]
+    model_volume_size_limit: Option<String>,
+    /// `sizeLimit` of each runtime pod's adapter store; also the most one adapter's download may take
+    /// (`serve --max-adapter-bytes`). Empty: no limit.
+    #[arg(long, env = "MODELFLEET_ADAPTER_STORE_SIZE_LIMIT", default_value = "2Gi")]
+    adapter_store_size_limit: String,
+    /// Seconds a terminating runtime pod keeps serving before SIGTERM (a `preStop` sleep, so endpoints
+    /// and gateways drop it first); 0: none. Added to the termination grace period.
+    #[arg(long, env = "MODELFLEET_PRE_STOP_SECONDS", default_value_t = 5)]
+    pre_stop_seconds: i64,
+    /// User and group id of runtime containers (non-root).
+    #[arg(long, env = "MODELFLEET_RUNTIME_RUN_AS_USER", default_value_t = 65532)]
+    runtime_run_as_user: i64,
+    /// Namespaces the operator manages (comma-separated). Default: every namespace. With a list it
+    /// watches only those, and needs rights only there (the chart's per-namespace Roles).
+    #[arg(long, env = "MODELFLEET_NAMESPACES", value_delimiter = ',')]
+    namespaces: Vec<String>,
     /// Directories under which runtime pods may read `file://` adapters (comma-separated; passed to every
     /// runtime pod as `--adapter-file-roots`). Empty: `file://` adapters are refused.
     #[arg(long, env = "MODELFLEET_ADAPTER_FILE_ROOTS", value_delimiter = ',')]
@@ -95,7 +119,7 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
-                .block_on(run(args))?;
+                .block_on(run(*args))?;
         }
     }
     Ok(())
@@ -104,6 +128,24 @@ fn main() -> anyhow::Result<()> {
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing();
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let quantity = |flag: &str, q: Option<String>| -> anyhow::Result<Option<String>> {
+        match q.map(|q| q.trim().to_string()).filter(|q| !q.is_empty()) {
+            Some(q) if quantity_bytes(&q).is_none() => {
+                anyhow::bail!(
+                    "--{flag} {q:?}: expected a whole number of bytes such as 512Mi, 20Gi or 1000000"
+                )
+            }
+            other => Ok(other),
+        }
+    };
+    if args.pre_stop_seconds < 0 || args.runtime_run_as_user <= 0 {
+        anyhow::bail!(
+            "--pre-stop-seconds must be >= 0 (got {}) and --runtime-run-as-user > 0 (got {}; 0 is root)",
+            args.pre_stop_seconds,
+            args.runtime_run_as_user
+        );
+    }
+    let scope = Scope::parse(&args.namespaces);
     let cfg = OperatorConfig {
         runtime_image: args.runtime_image,
         model_cache: if args.no_model_cache {
@@ -113,7 +155,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         } else {
             ModelCache::HostPath(args.model_cache_host_path)
         },
+        model_cache_namespaces: CacheNamespaces::parse(&args.model_cache_namespaces),
+        model_volume_size_limit: quantity("model-volume-size-limit", args.model_volume_size_limit)?,
+        adapter_store_size_limit: quantity("adapter-store-size-limit", Some(args.adapter_store_size_limit))?,
         termination_grace_seconds: args.termination_grace_seconds,
+        pre_stop_seconds: args.pre_stop_seconds,
+        run_as_user: args.runtime_run_as_user,
         adapter_file_roots: args
             .adapter_file_roots
             .into_iter()
@@ -163,10 +210,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         metrics.leader.set(1);
     }
-    tracing::info!(%identity, "starting the ModelDeployment and LoraAdapter controllers");
+    tracing::info!(%identity, ?scope, "starting the ModelDeployment and LoraAdapter controllers");
     tokio::join!(
-        modelfleet_operator::controller::run(client.clone(), cfg, metrics.clone(), &identity),
-        modelfleet_operator::lora::run(client, metrics, &identity),
+        modelfleet_operator::controller::run(client.clone(), cfg, metrics.clone(), &identity, &scope),
+        modelfleet_operator::lora::run(client, metrics, &identity, &scope),
     );
     Ok(())
 }

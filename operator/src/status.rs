@@ -53,6 +53,9 @@ pub struct Observed<'a> {
     pub tenants: TenantsSecret,
     /// The autoscaler.
     pub scaling: Scaling,
+    /// A same-named object this ModelDeployment does not control (the `NameConflict` message): the
+    /// pass applied nothing.
+    pub conflict: Option<String>,
 }
 
 /// The verdict of the fetch init containers of pods made for the current digest.
@@ -189,6 +192,9 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
 
     // Stalled: progress needs a user's action.
     let stall: Option<(String, String)> = match (&obs.tenants, &verdict) {
+        _ if obs.conflict.is_some() => {
+            Some(("NameConflict".into(), obs.conflict.clone().unwrap_or_default()))
+        }
         (TenantsSecret::Missing(name), _) => Some((
             "SecretNotFound".into(),
             format!("tenants Secret {name:?} does not exist"),
@@ -323,6 +329,7 @@ mod tests {
                 reason: "AutoscalingDisabled".into(),
                 message: String::new(),
             },
+            conflict: None,
         }
     }
 
@@ -402,6 +409,30 @@ mod tests {
         assert_eq!(get(&cs, STALLED), ("True", "SecretNotFound"));
         o.tenants = TenantsSecret::MissingKey("keys".into(), "tenants.yaml".into());
         assert_eq!(get(&conditions(&o), STALLED), ("True", "SecretKeyNotFound"));
+    }
+
+    #[test]
+    fn a_foreign_object_of_the_same_name_stalls_with_name_conflict() {
+        let mut o = obs(None, &[], 1);
+        o.conflict = Some(
+            "Secret \"smollm2-admin-token\" already exists and is not controlled by this ModelDeployment"
+                .into(),
+        );
+        o.tenants = TenantsSecret::Missing("keys".into());
+        let cs = conditions(&o);
+        assert_eq!(
+            get(&cs, STALLED),
+            ("True", "NameConflict"),
+            "the conflict comes first"
+        );
+        assert_eq!(get(&cs, READY), ("False", "NameConflict"));
+        assert_eq!(get(&cs, RECONCILING), ("False", "Idle"));
+        let stalled = cs.iter().find(|c| c.type_ == STALLED).unwrap();
+        assert!(
+            stalled.message.contains("smollm2-admin-token"),
+            "{}",
+            stalled.message
+        );
     }
 
     #[test]

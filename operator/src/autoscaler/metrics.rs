@@ -2,12 +2,20 @@
 //! `modelfleet_kv_cache_usage_ratio` of each ready runtime pod, either by scraping its `/metrics`
 //! (`Direct`) or through the Prometheus HTTP API (`Prometheus`, with `max_over_time` so short bursts count).
 //!
-//! Invariant: a pass yields a [`Sample`] only when every ready pod answered; otherwise the caller holds
-//! (no scale-down on missing data).
+//! Invariants: a pass yields a [`Sample`] only when every ready pod answered with a usable figure for
+//! each metric — present, finite and not negative, from either source; anything else (silence, NaN,
+//! ±Inf, a negative gauge) counts as missing and the caller holds (`ScalingActive=False`, no
+//! scale-down on missing data). Answers are read within a byte cap and a timeout ([`crate::body`]).
 
 use super::decide::Sample;
+use crate::body::{MAX_METRICS_BYTES, MAX_PROMETHEUS_BYTES, read_capped};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// Longest a pod's `/metrics` may take to answer, body included.
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest one Prometheus query may take, body included.
+pub const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Metric names, as the runtime exports them (docs/design.md).
 pub const WAITING: &str = "modelfleet_requests_waiting";
@@ -66,8 +74,8 @@ pub fn parse_exposition(text: &str) -> Result<PodMetrics, String> {
             .next()
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| format!("unparsable sample: {line}"))?;
-        if !value.is_finite() {
-            return Err(format!("non-finite sample: {line}"));
+        if usable(Some(value)).is_none() {
+            return Err(format!("unusable sample (NaN, infinite or negative): {line}"));
         }
         seen[idx] = true;
         match idx {
@@ -87,6 +95,12 @@ pub fn parse_exposition(text: &str) -> Result<PodMetrics, String> {
     } else {
         Err(format!("missing metrics: {}", missing.join(", ")))
     }
+}
+
+/// A figure the autoscaler may act on: present, finite and not negative (queue depths, running
+/// requests and a usage ratio can be none of NaN, ±Inf or below zero).
+pub fn usable(value: Option<f64>) -> Option<f64> {
+    value.filter(|v| v.is_finite() && *v >= 0.0)
 }
 
 /// Combines per-pod figures into a fleet sample.
@@ -112,15 +126,17 @@ pub async fn scrape_direct(
         let url = format!("http://{ip}:{port}/metrics");
         let resp = client
             .get(&url)
-            .timeout(Duration::from_secs(2))
+            .timeout(SCRAPE_TIMEOUT)
             .send()
             .await
             .map_err(|e| format!("{url}: {e}"))?;
         if !resp.status().is_success() {
             return Err(format!("{url}: HTTP {}", resp.status()));
         }
-        let text = resp.text().await.map_err(|e| format!("{url}: {e}"))?;
-        parse_exposition(&text).map_err(|e| format!("{url}: {e}"))
+        let body = read_capped(resp, MAX_METRICS_BYTES)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        parse_exposition(&String::from_utf8_lossy(&body)).map_err(|e| format!("{url}: {e}"))
     });
     futures::future::join_all(scrapes).await.into_iter().collect()
 }
@@ -144,22 +160,25 @@ pub async fn query_prometheus(
             "{agg} by (pod) (max_over_time({metric}{{namespace=\"{ns}\",pod=~\"{pod_re}\"}}[{window_secs}s]))"
         );
         let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
-        let resp: serde_json::Value = client
+        let answer = client
             .get(&url)
             .query(&[("query", query.as_str())])
-            .timeout(Duration::from_secs(5))
+            .timeout(PROMETHEUS_TIMEOUT)
             .send()
             .await
-            .map_err(|e| format!("Prometheus {url}: {e}"))?
-            .json()
+            .map_err(|e| format!("Prometheus {url}: {e}"))?;
+        let body = read_capped(answer, MAX_PROMETHEUS_BYTES)
             .await
             .map_err(|e| format!("Prometheus {url}: {e}"))?;
+        let resp: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| format!("Prometheus {url}: {e}"))?;
         if resp["status"] != "success" {
             return Err(format!("Prometheus query {query} failed: {}", resp["error"]));
         }
         for series in resp["data"]["result"].as_array().into_iter().flatten() {
             let pod = series["metric"]["pod"].as_str().unwrap_or_default().to_string();
-            let value: Option<f64> = series["value"][1].as_str().and_then(|v| v.parse().ok());
+            // Prometheus writes NaN, +Inf, -Inf as strings too: they parse, and are not usable.
+            let value = usable(series["value"][1].as_str().and_then(|v| v.parse().ok()));
             by_pod.entry(pod).or_default()[i] = value;
         }
     }
@@ -171,7 +190,7 @@ pub async fn query_prometheus(
                 kv: *kv,
             }),
             _ => Err(format!(
-                "Prometheus has no recent {WAITING}/{RUNNING}/{KV_USAGE} for pod {p}"
+                "Prometheus has no recent usable {WAITING}/{RUNNING}/{KV_USAGE} for pod {p} (missing, NaN, infinite or negative)"
             )),
         })
         .collect()
@@ -227,6 +246,11 @@ mod tests {
             err.contains("modelfleet_requests_running") && err.contains("modelfleet_kv_cache_usage_ratio")
         );
         assert!(parse_exposition("modelfleet_requests_waiting NaN\n").is_err());
+        let ok = "modelfleet_requests_running 0\nmodelfleet_kv_cache_usage_ratio 0\n";
+        for bad in ["NaN", "+Inf", "-Inf", "-1"] {
+            let text = format!("modelfleet_requests_waiting {bad}\n{ok}");
+            assert!(parse_exposition(&text).is_err(), "{bad}");
+        }
         assert!(parse_exposition("modelfleet_requests_waiting{a=\"b\"}\n").is_err());
     }
 
@@ -248,6 +272,40 @@ mod tests {
         assert_eq!((s.replicas, s.waiting, s.running), (2, 4.0, 3.0));
         assert!((s.kv_mean - 0.3).abs() < 1e-12);
         assert_eq!(aggregate(&[]), None);
+    }
+
+    /// A Prometheus whose instant queries answer `value` for pod `p-0` (and 1 for `p-1`).
+    async fn prometheus(value: &'static str) -> String {
+        let query = move |q: axum::extract::Query<std::collections::HashMap<String, String>>| async move {
+            let _ = &q.0["query"];
+            axum::Json(
+                serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {"pod": "p-0"}, "value": [1.7e9, value]},
+                {"metric": {"pod": "p-1"}, "value": [1.7e9, "1"]}]}}),
+            )
+        };
+        let app = axum::Router::new().route("/api/v1/query", axum::routing::get(query));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn prometheus_nan_infinite_or_negative_counts_as_missing() {
+        let http = http_client();
+        let pods = ["p-0".to_string(), "p-1".to_string()];
+        let base = prometheus("0.5").await;
+        let got = query_prometheus(&http, &base, "ns", &pods, 6).await.unwrap();
+        assert_eq!(got[0].kv, 0.5);
+        for bad in ["NaN", "+Inf", "-Inf", "-2"] {
+            let base = prometheus(bad).await;
+            let e = query_prometheus(&http, &base, "ns", &pods, 6).await.unwrap_err();
+            assert!(e.contains("usable") && e.contains("p-0"), "{bad}: {e}");
+        }
+        // No sample means no decision on it: the caller holds (decide's missing-metrics tests).
+        assert_eq!(usable(Some(f64::NAN)), None);
+        assert_eq!(usable(Some(0.0)), Some(0.0));
     }
 
     #[test]

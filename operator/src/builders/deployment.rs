@@ -6,20 +6,26 @@
 //! mounted as a directory (not copied, not `subPath`) so key rotation reaches running pods; so is the
 //! adapters ConfigMap, and the template carries no hash of it, so adding an adapter never restarts a pod
 //! (running pods get it through the admin API, new ones from the file before they turn ready);
-//! `replicas` is a parameter — the caller decides it from spec or autoscaler, nothing else writes it.
+//! `replicas` is a parameter — the caller decides it from spec or autoscaler, nothing else writes it;
+//! both containers run as a non-root user without privilege escalation, capabilities or a writable root
+//! file system (they write only to their volumes, each with a `sizeLimit` the fetches also respect);
+//! the node's shared model cache is mounted only for namespaces the cluster admin opted in; a
+//! terminating pod keeps serving for `preStop` seconds before SIGTERM so endpoints drop it first.
 
 use super::owned_meta;
-use crate::config::{ModelCache, OperatorConfig};
+use crate::config::{ModelCache, OperatorConfig, quantity_bytes};
 use crate::labels::{
     ADMIN_PORT, DIGEST_ANNOTATION, FETCH_CONTAINER, HTTP_PORT, METRICS_PORT, RUNTIME_CONTAINER,
     adapters_configmap_name, admin_secret_name, selector_labels, workload_name,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec,
-    PodTemplateSpec, Probe, SecretVolumeSource, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    SecretVolumeSource, SecurityContext, SleepAction, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use modelfleet_crds::ModelDeployment;
@@ -38,6 +44,11 @@ pub const TENANTS_DIR: &str = "/etc/modelfleet/tenants";
 pub const ADAPTERS_DIR: &str = "/etc/modelfleet/adapters";
 /// Where a runtime pod stores the adapters it fetched and verified (an emptyDir).
 pub const ADAPTER_STORE_DIR: &str = "/var/lib/modelfleet/adapters";
+/// A small writable scratch directory, the containers' `TMPDIR` (the root file system is read-only).
+/// Not `/tmp` itself: a harness that rewrites mount paths in arguments would rewrite every `/tmp/…`.
+pub const TMP_DIR: &str = "/var/lib/modelfleet/tmp";
+/// `sizeLimit` of the scratch (`TMPDIR`) volume.
+pub const TMP_SIZE_LIMIT: &str = "64Mi";
 
 /// The served model name: `spec.model.servedName`, else the ModelDeployment's name.
 pub fn served_name(md: &ModelDeployment) -> String {
@@ -85,11 +96,14 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    init_containers: Some(vec![fetch_container(md, &image, &cfg.model_cache)]),
+                    init_containers: Some(vec![fetch_container(md, &image, cfg)]),
                     containers: vec![runtime_container(md, &runtime, &image, cfg)],
-                    volumes: Some(volumes(md, &cfg.model_cache)),
-                    termination_grace_period_seconds: Some(cfg.termination_grace_seconds),
+                    volumes: Some(volumes(md, cfg)),
+                    termination_grace_period_seconds: Some(
+                        cfg.termination_grace_seconds + cfg.pre_stop_seconds.max(0),
+                    ),
                     automount_service_account_token: Some(false),
+                    security_context: Some(pod_security(cfg)),
                     ..Default::default()
                 }),
             },
@@ -108,7 +122,45 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-fn fetch_container(md: &ModelDeployment, image: &str, cache: &ModelCache) -> Container {
+/// The shared model cache, if `md`'s namespace may mount it.
+fn shared_cache<'a>(md: &ModelDeployment, cfg: &'a OperatorConfig) -> Option<&'a ModelCache> {
+    let ns = md.metadata.namespace.as_deref().unwrap_or_default();
+    (cfg.model_cache != ModelCache::None && cfg.model_cache_namespaces.includes(ns))
+        .then_some(&cfg.model_cache)
+}
+
+/// Non-root, with a fixed user and group (volumes are group-owned by it: `fsGroup`), the runtime's
+/// default seccomp profile.
+fn pod_security(cfg: &OperatorConfig) -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(cfg.run_as_user),
+        run_as_group: Some(cfg.run_as_user),
+        fs_group: Some(cfg.run_as_user),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Every container: no privilege escalation, no capabilities, a read-only root file system.
+fn container_security() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn fetch_container(md: &ModelDeployment, image: &str, cfg: &OperatorConfig) -> Container {
     let mut args: Vec<String> = vec![
         "fetch".into(),
         "--uri".into(),
@@ -121,17 +173,30 @@ fn fetch_container(md: &ModelDeployment, image: &str, cache: &ModelCache) -> Con
         "--termination-log".into(),
         "/dev/termination-log".into(),
     ];
-    let mut mounts = vec![mount("model", MODEL_DIR, false)];
-    if *cache != ModelCache::None {
+    let mut mounts = vec![mount("model", MODEL_DIR, false), mount("tmp", TMP_DIR, false)];
+    if shared_cache(md, cfg).is_some() {
         args.extend(["--cache".to_string(), CACHE_DIR.to_string()]);
         mounts.push(mount("model-cache", CACHE_DIR, false));
+    }
+    if let Some(bytes) = cfg.model_volume_size_limit.as_deref().and_then(quantity_bytes) {
+        args.extend(["--max-bytes".to_string(), bytes.to_string()]);
     }
     Container {
         name: FETCH_CONTAINER.into(),
         image: Some(image.into()),
         args: Some(args),
+        env: Some(vec![tmpdir_env()]),
         volume_mounts: Some(mounts),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(container_security()),
+        ..Default::default()
+    }
+}
+
+fn tmpdir_env() -> EnvVar {
+    EnvVar {
+        name: "TMPDIR".into(),
+        value: Some(TMP_DIR.into()),
         ..Default::default()
     }
 }
@@ -191,6 +256,10 @@ pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorCon
         args.push("--adapter-file-roots".into());
         args.push(cfg.adapter_file_roots.join(","));
     }
+    if let Some(bytes) = cfg.adapter_store_size_limit.as_deref().and_then(quantity_bytes) {
+        args.push("--max-adapter-bytes".into());
+        args.push(bytes.to_string());
+    }
     let mut flag = |name: &str, value: Option<String>| {
         if let Some(v) = value {
             args.push(format!("--{name}"));
@@ -249,6 +318,7 @@ fn runtime_container(
         field_env("POD_IP", "status.podIP"),
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),
+        tmpdir_env(),
     ];
     env.extend(runtime.env.iter().cloned());
     let mut mounts = vec![
@@ -256,6 +326,7 @@ fn runtime_container(
         mount("admin-token", ADMIN_DIR, true),
         mount("adapters", ADAPTERS_DIR, true),
         mount("adapter-store", ADAPTER_STORE_DIR, false),
+        mount("tmp", TMP_DIR, false),
     ];
     if md.spec.tenants.is_some() {
         mounts.push(mount("tenants", TENANTS_DIR, true));
@@ -284,18 +355,35 @@ fn runtime_container(
         // Loading a large model can take minutes; liveness only starts counting once it is up.
         startup_probe: Some(http_probe("/health", 2, 300)),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(container_security()),
+        lifecycle: (cfg.pre_stop_seconds > 0).then(|| Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: cfg.pre_stop_seconds,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
 
-fn volumes(md: &ModelDeployment, cache: &ModelCache) -> Vec<Volume> {
+fn empty_dir(name: &str, size_limit: Option<&str>) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: size_limit.map(|q| Quantity(q.to_string())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn volumes(md: &ModelDeployment, cfg: &OperatorConfig) -> Vec<Volume> {
     let name = md.metadata.name.clone().unwrap_or_default();
     let mut volumes = vec![
-        Volume {
-            name: "model".into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        },
+        empty_dir("model", cfg.model_volume_size_limit.as_deref()),
         Volume {
             name: "admin-token".into(),
             secret: Some(SecretVolumeSource {
@@ -313,14 +401,11 @@ fn volumes(md: &ModelDeployment, cache: &ModelCache) -> Vec<Volume> {
             }),
             ..Default::default()
         },
-        Volume {
-            name: "adapter-store".into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        },
+        empty_dir("adapter-store", cfg.adapter_store_size_limit.as_deref()),
+        empty_dir("tmp", Some(TMP_SIZE_LIMIT)),
     ];
-    match cache {
-        ModelCache::HostPath(path) => volumes.push(Volume {
+    match shared_cache(md, cfg) {
+        Some(ModelCache::HostPath(path)) => volumes.push(Volume {
             name: "model-cache".into(),
             host_path: Some(HostPathVolumeSource {
                 path: path.display().to_string(),
@@ -328,7 +413,7 @@ fn volumes(md: &ModelDeployment, cache: &ModelCache) -> Vec<Volume> {
             }),
             ..Default::default()
         }),
-        ModelCache::Pvc(claim) => volumes.push(Volume {
+        Some(ModelCache::Pvc(claim)) => volumes.push(Volume {
             name: "model-cache".into(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
                 claim_name: claim.clone(),
@@ -336,7 +421,7 @@ fn volumes(md: &ModelDeployment, cache: &ModelCache) -> Vec<Volume> {
             }),
             ..Default::default()
         }),
-        ModelCache::None => {}
+        Some(ModelCache::None) | None => {}
     }
     if let Some(t) = &md.spec.tenants {
         volumes.push(Volume {
@@ -389,9 +474,8 @@ mod tests {
                 MODEL_DIR,
                 "--termination-log",
                 "/dev/termination-log",
-                "--cache",
-                CACHE_DIR
-            ]
+            ],
+            "no shared cache unless the namespace opted in"
         );
         let main = &pod.containers[0];
         assert_eq!(
@@ -413,7 +497,9 @@ mod tests {
                 "--adapters-file",
                 "/etc/modelfleet/adapters/adapters.json",
                 "--adapter-dir",
-                "/var/lib/modelfleet/adapters"
+                "/var/lib/modelfleet/adapters",
+                "--max-adapter-bytes",
+                "2147483648"
             ]
         );
         let env: Vec<&str> = main
@@ -423,7 +509,7 @@ mod tests {
             .iter()
             .map(|e| e.name.as_str())
             .collect();
-        assert_eq!(env, ["POD_IP", "POD_NAME", "POD_NAMESPACE"]);
+        assert_eq!(env, ["POD_IP", "POD_NAME", "POD_NAMESPACE", "TMPDIR"]);
         assert_eq!(
             main.readiness_probe
                 .as_ref()
@@ -468,8 +554,111 @@ mod tests {
             .collect();
         assert_eq!(
             volumes,
-            ["model", "admin-token", "adapters", "adapter-store", "model-cache"]
+            ["model", "admin-token", "adapters", "adapter-store", "tmp"]
         );
+    }
+
+    #[test]
+    fn containers_are_locked_down_and_volumes_bounded() {
+        let cfg = OperatorConfig {
+            model_volume_size_limit: Some("20Gi".into()),
+            ..Default::default()
+        };
+        let d = desired_deployment(&minimal(), &cfg, 1);
+        let pod = pod_spec(&d);
+        let psc = pod.security_context.as_ref().unwrap();
+        assert_eq!(
+            (psc.run_as_non_root, psc.run_as_user, psc.fs_group),
+            (Some(true), Some(65532), Some(65532))
+        );
+        assert_eq!(psc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        let init = &pod.init_containers.as_ref().unwrap()[0];
+        for c in [init, &pod.containers[0]] {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(
+                (
+                    sc.allow_privilege_escalation,
+                    sc.read_only_root_filesystem,
+                    sc.privileged,
+                    sc.run_as_non_root
+                ),
+                (Some(false), Some(true), Some(false), Some(true)),
+                "{}",
+                c.name
+            );
+            assert_eq!(
+                sc.capabilities.as_ref().unwrap().drop.as_deref(),
+                Some(&["ALL".to_string()][..])
+            );
+            let mounts = c.volume_mounts.as_ref().unwrap();
+            assert!(mounts.iter().any(|m| m.mount_path == TMP_DIR), "{}", c.name);
+        }
+        let limit = |name: &str| {
+            let v = pod
+                .volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|v| v.name == name)
+                .unwrap();
+            v.empty_dir
+                .as_ref()
+                .unwrap()
+                .size_limit
+                .as_ref()
+                .map(|q| q.0.clone())
+        };
+        assert_eq!(limit("model").as_deref(), Some("20Gi"));
+        assert_eq!(limit("adapter-store").as_deref(), Some("2Gi"));
+        assert_eq!(limit("tmp").as_deref(), Some(TMP_SIZE_LIMIT));
+        let fetch_args = init.args.as_ref().unwrap().join(" ");
+        assert!(fetch_args.contains("--max-bytes 21474836480"), "{fetch_args}");
+        // A terminating pod serves on for the preStop delay, within the grace period.
+        let pre_stop = pod.containers[0]
+            .lifecycle
+            .as_ref()
+            .unwrap()
+            .pre_stop
+            .as_ref()
+            .unwrap();
+        assert_eq!(pre_stop.sleep.as_ref().unwrap().seconds, 5);
+        assert_eq!(pod.termination_grace_period_seconds, Some(65));
+        let none = OperatorConfig {
+            pre_stop_seconds: 0,
+            ..Default::default()
+        };
+        let d = desired_deployment(&minimal(), &none, 1);
+        assert!(pod_spec(&d).containers[0].lifecycle.is_none());
+    }
+
+    #[test]
+    fn the_shared_cache_is_mounted_only_in_namespaces_that_opted_in() {
+        use crate::config::CacheNamespaces;
+        let has_cache = |namespaces: CacheNamespaces| {
+            let cfg = OperatorConfig {
+                model_cache_namespaces: namespaces,
+                ..Default::default()
+            };
+            let d = desired_deployment(&minimal(), &cfg, 1);
+            let pod = pod_spec(&d);
+            let volume = pod
+                .volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|v| v.name == "model-cache");
+            let flag = pod.init_containers.as_ref().unwrap()[0]
+                .args
+                .as_ref()
+                .unwrap()
+                .contains(&"--cache".to_string());
+            assert_eq!(volume, flag);
+            volume
+        };
+        assert!(!has_cache(CacheNamespaces::None));
+        assert!(!has_cache(CacheNamespaces::Listed(vec!["other".into()])));
+        assert!(has_cache(CacheNamespaces::Listed(vec!["serving".into()])));
+        assert!(has_cache(CacheNamespaces::All));
     }
 
     #[test]
@@ -483,6 +672,7 @@ mod tests {
         ));
         let cfg = OperatorConfig {
             model_cache: ModelCache::Pvc("models".into()),
+            model_cache_namespaces: crate::config::CacheNamespaces::All,
             ..Default::default()
         };
         let d = desired_deployment(&md, &cfg, 1);

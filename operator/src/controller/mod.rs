@@ -4,16 +4,23 @@
 //! Watches: ModelDeployments (spec changes only — the generation predicate drops our own status writes),
 //! the Deployments they own, runtime Pods (init-container verdicts, readiness), and LoraAdapters (their
 //! start-up list, the `<md>-adapters` ConfigMap, is written here). Builtin-autoscaled deployments are
-//! also requeued every few seconds so metrics are read on a steady cadence.
+//! also requeued every few seconds so metrics are read on a steady cadence, the others every minute
+//! (each pass also starts the adapter sweep, [`sweep`]).
+//!
+//! A pass applies nothing when a same-named object is not this ModelDeployment's ([`ownership`]):
+//! status then says `Stalled`/`NameConflict`, and the pass comes back every 30 s.
 
 mod apply;
 pub(crate) mod events;
+pub mod ownership;
 mod scale;
+pub mod sweep;
 
 use crate::Error;
 use crate::builders;
 use crate::config::OperatorConfig;
 use crate::labels::{APP_NAME, MODEL_DEPLOYMENT_LABEL, selector_string};
+use crate::scope::{self, Scope};
 use crate::status::{Observed, TenantsSecret, carry_transition_times, conditions};
 use crate::telemetry::Metrics;
 use futures::StreamExt;
@@ -47,13 +54,19 @@ pub struct Context {
     /// Per ModelDeployment: when its metrics were last read (the autoscaler's rate limit) and the
     /// stabilization windows (authoritative while this replica leads).
     pub last_sample: Mutex<HashMap<String, scale::Memory>>,
+    /// Starts the adapter sweeps.
+    pub sweeper: sweep::Sweeper,
 }
 
 /// How often the built-in autoscaler reads metrics.
 pub const AUTOSCALE_INTERVAL: Duration = Duration::from_secs(3);
+/// How often other ModelDeployments are passed over (and their pods swept) without a change.
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(60);
+/// How often a pass stopped by a `NameConflict` looks again.
+pub const CONFLICT_RETRY: Duration = Duration::from_secs(30);
 
-/// Runs the controller until a shutdown signal.
-pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, identity: &str) {
+/// Runs the controller until a shutdown signal, with one set of watches per partition of `scope`.
+pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, identity: &str, scope: &Scope) {
     let http = crate::autoscaler::metrics::http_client();
     let reporter = Reporter {
         controller: "modelfleet-operator".into(),
@@ -66,8 +79,18 @@ pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, ide
         metrics,
         recorder: Recorder::new(client.clone(), reporter),
         last_sample: Mutex::new(HashMap::new()),
+        sweeper: sweep::Sweeper::new(crate::lora::admin::http_client()),
     });
-    let mds: Api<ModelDeployment> = Api::all(client.clone());
+    let runs = scope
+        .partitions()
+        .into_iter()
+        .map(|partition| run_in(client.clone(), ctx.clone(), partition));
+    futures::future::join_all(runs).await;
+}
+
+/// The controller over one partition of the scope (every namespace, or one).
+async fn run_in(client: Client, ctx: Arc<Context>, partition: Option<String>) {
+    let mds: Api<ModelDeployment> = scope::api(client.clone(), &partition);
     let (reader, writer) = reflector::store();
     let trigger = watcher(mds, watcher::Config::default().any_semantic())
         .default_backoff()
@@ -76,13 +99,20 @@ pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, ide
         .predicate_filter(predicates::generation, Default::default());
     let pods_cfg = watcher::Config::default().labels(&format!("app.kubernetes.io/name={APP_NAME}"));
     Controller::for_stream(trigger, reader)
-        .owns(Api::<Deployment>::all(client.clone()), watcher::Config::default())
-        .watches(Api::<Pod>::all(client.clone()), pods_cfg, |pod: Pod| {
-            let md = pod.labels().get(MODEL_DEPLOYMENT_LABEL)?.clone();
-            Some(ObjectRef::<ModelDeployment>::new(&md).within(&pod.namespace()?))
-        })
+        .owns(
+            scope::api::<Deployment>(client.clone(), &partition),
+            watcher::Config::default(),
+        )
         .watches(
-            Api::<LoraAdapter>::all(client),
+            scope::api::<Pod>(client.clone(), &partition),
+            pods_cfg,
+            |pod: Pod| {
+                let md = pod.labels().get(MODEL_DEPLOYMENT_LABEL)?.clone();
+                Some(ObjectRef::<ModelDeployment>::new(&md).within(&pod.namespace()?))
+            },
+        )
+        .watches(
+            scope::api::<LoraAdapter>(client, &partition),
             watcher::Config::default(),
             |a: LoraAdapter| {
                 let md = &a.spec.model_deployment_ref.name;
@@ -141,7 +171,8 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
 
     // Observe.
-    let existing = deployments.get_opt(&name).await?;
+    let owned = ownership::Existing::read(&ctx.client, &md).await?;
+    let existing = owned.deployment.clone();
     let pods = pods_api
         .list(&ListParams::default().labels(&selector_string(&name)))
         .await?
@@ -156,10 +187,35 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         .collect();
     let startup = crate::lora::desired::startup_entries(&adapters, &builders::deployment::served_name(&md));
 
-    // Decide the replica count, then apply everything the operator owns.
-    let scaled = scale::replicas(&md, existing.as_ref(), &pods, &ctx).await;
-    apply::owned_objects(&md, &ctx, &secrets, scaled.replicas, &startup).await?;
-    let deployment = deployments.get_opt(&name).await?;
+    // Apply nothing over an object this ModelDeployment does not control; else decide the replica
+    // count, apply everything the operator owns, and sweep stray adapters off the ready pods.
+    let conflict = ownership::conflict(&md, &owned);
+    let (scaled, deployment) = if conflict.is_some() {
+        (scale::unchanged(&md), None)
+    } else {
+        let scaled = scale::replicas(&md, existing.as_ref(), &pods, &ctx).await;
+        let token = apply::owned_objects(&md, &ctx, &owned, scaled.replicas, &startup).await?;
+        let targets = pods
+            .iter()
+            .filter(|p| scale::is_ready(p))
+            .filter_map(|p| {
+                Some(sweep::Target {
+                    pod: p.name_any(),
+                    ip: p.status.as_ref()?.pod_ip.clone()?,
+                })
+            })
+            .collect();
+        sweep::start(
+            &ctx.sweeper,
+            ctx.client.clone(),
+            ctx.metrics.clone(),
+            ns.clone(),
+            name.clone(),
+            targets,
+            token,
+        );
+        (scaled, deployments.get_opt(&name).await?)
+    };
 
     // Status, from what was observed.
     let now = Timestamp::now();
@@ -172,6 +228,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         pods: &pods,
         tenants,
         scaling: scaled.scaling.clone(),
+        conflict: conflict.clone(),
     };
     let dep_status = deployment
         .as_ref()
@@ -207,10 +264,12 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         .autoscaling
         .as_ref()
         .is_some_and(|a| a.mode == AutoscalingMode::Builtin);
-    Ok(Action::requeue(if builtin {
+    Ok(Action::requeue(if conflict.is_some() {
+        CONFLICT_RETRY
+    } else if builtin {
         AUTOSCALE_INTERVAL
     } else {
-        Duration::from_secs(300)
+        RESYNC_INTERVAL
     }))
 }
 

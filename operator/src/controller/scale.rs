@@ -57,13 +57,28 @@ pub struct Scaled {
     pub decision_reason: Option<String>,
 }
 
-fn is_ready(pod: &Pod) -> bool {
+pub(crate) fn is_ready(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod
             .status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The replica count and status fields as the previous pass left them (a pass that applies nothing:
+/// a `NameConflict`). No metrics are read.
+pub fn unchanged(md: &ModelDeployment) -> Scaled {
+    let prev = md.status.clone().unwrap_or_default();
+    Scaled {
+        replicas: prev.desired_replicas.or(md.spec.replicas).unwrap_or(1),
+        scaling: previous_scaling(&prev),
+        observed_metrics: prev.observed_metrics,
+        last_scale_time: prev.last_scale_time,
+        recent_decisions: prev.recent_decisions,
+        autoscaler: prev.autoscaler,
+        decision_reason: None,
+    }
 }
 
 /// Decides the replica count for `md`.
@@ -110,24 +125,9 @@ pub async fn replicas(
         .or_else(|| existing.and_then(|d| d.spec.as_ref()?.replicas))
         .unwrap_or(spec.min_replicas);
     let key = format!("{}/{}", md.namespace().unwrap_or_default(), md.name_any());
-    let previous_scaling = prev
-        .conditions
-        .iter()
-        .find(|c| c.type_ == modelfleet_crds::condition_types::SCALING_ACTIVE);
     let hold = Scaled {
         replicas: current.clamp(spec.min_replicas, spec.max_replicas),
-        scaling: previous_scaling.map_or(
-            Scaling {
-                active: false,
-                reason: "Pending".into(),
-                message: "metrics not read yet".into(),
-            },
-            |c| Scaling {
-                active: c.status == "True",
-                reason: c.reason.clone(),
-                message: c.message.clone(),
-            },
-        ),
+        scaling: previous_scaling(&prev),
         observed_metrics: prev.observed_metrics.clone(),
         last_scale_time: prev.last_scale_time.clone(),
         recent_decisions: prev.recent_decisions.clone(),
@@ -215,6 +215,25 @@ pub async fn replicas(
         out.decision_reason = Some(format!("{current} -> {}: {}", decision.replicas, decision.reason));
     }
     out
+}
+
+/// The `ScalingActive` verdict the previous status holds (`Pending` before the first read).
+fn previous_scaling(prev: &modelfleet_crds::model_deployment::ModelDeploymentStatus) -> Scaling {
+    prev.conditions
+        .iter()
+        .find(|c| c.type_ == modelfleet_crds::condition_types::SCALING_ACTIVE)
+        .map_or(
+            Scaling {
+                active: false,
+                reason: "Pending".into(),
+                message: "metrics not read yet".into(),
+            },
+            |c| Scaling {
+                active: c.status == "True",
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+            },
+        )
 }
 
 /// The state a new leader resumes from status: the same candidates, their windows starting now.

@@ -46,6 +46,7 @@ fn context(client: Client) -> Arc<Context> {
         metrics: Arc::new(Metrics::default()),
         recorder: Recorder::new(client, reporter),
         last_sample: Mutex::new(HashMap::new()),
+        sweeper: super::sweep::Sweeper::new(crate::autoscaler::metrics::http_client()),
     })
 }
 
@@ -90,9 +91,37 @@ fn adapter_list() -> Value {
            "items": [adapter("sql", "smollm2"), adapter("other", "another-model")]})
 }
 
-/// The requests of a pass up to (not including) the status write; returns the applied Deployment.
-async fn observe_and_apply(handle: &mut Handle, tenants: Option<Response<Body>>) -> Value {
+const CONFIGMAPS: &str = "/api/v1/namespaces/serving/configmaps";
+const SERVICES: &str = "/api/v1/namespaces/serving/services";
+const PDBS: &str = "/apis/policy/v1/namespaces/serving/poddisruptionbudgets";
+
+/// The GETs of the same-named objects a pass checks before applying anything; `secret` answers the
+/// admin Secret's, the others are not found.
+async fn observe_owned(handle: &mut Handle, secret: Response<Body>) {
+    expect(
+        handle,
+        Method::GET,
+        &format!("{SECRETS}/smollm2-admin-token"),
+        |_| secret,
+    )
+    .await;
+    expect(
+        handle,
+        Method::GET,
+        &format!("{CONFIGMAPS}/smollm2-adapters"),
+        |_| not_found(),
+    )
+    .await;
     expect(handle, Method::GET, &format!("{APPS}/smollm2"), |_| not_found()).await;
+    expect(handle, Method::GET, &format!("{SERVICES}/smollm2"), |_| {
+        not_found()
+    })
+    .await;
+    expect(handle, Method::GET, &format!("{PDBS}/smollm2"), |_| not_found()).await;
+}
+
+/// The pods, tenants Secret and LoraAdapters a pass lists.
+async fn observe_rest(handle: &mut Handle, tenants: Option<Response<Body>>) {
     expect(
         handle,
         Method::GET,
@@ -107,20 +136,14 @@ async fn observe_and_apply(handle: &mut Handle, tenants: Option<Response<Body>>)
         ok(&adapter_list())
     })
     .await;
-    expect(
-        handle,
-        Method::GET,
-        &format!("{SECRETS}/smollm2-admin-token"),
-        |_| not_found(),
-    )
-    .await;
-    let secret = expect(
-        handle,
-        Method::PATCH,
-        &format!("{SECRETS}/smollm2-admin-token?&force=true&fieldManager=modelfleet-operator"),
-        echo,
-    )
-    .await;
+}
+
+/// The requests of a pass up to (not including) the status write; returns the applied Deployment.
+async fn observe_and_apply(handle: &mut Handle, tenants: Option<Response<Body>>) -> Value {
+    observe_owned(handle, not_found()).await;
+    observe_rest(handle, tenants).await;
+    // The admin Secret is created (never patched: the operator holds no right to patch Secrets).
+    let secret = expect(handle, Method::POST, SECRETS, echo).await;
     assert_eq!(secret["kind"], "Secret");
     // The start-up list comes before the Deployment whose pods mount it: only this deployment's adapters.
     let configmap = expect(
@@ -301,4 +324,55 @@ async fn a_missing_tenants_secret_stalls_with_a_reason() {
     assert_eq!(stalled["status"], "True");
     assert_eq!(stalled["reason"], "SecretNotFound");
     assert_eq!(stalled["message"], "tenants Secret \"keys\" does not exist");
+}
+
+#[tokio::test]
+async fn a_foreign_object_of_the_same_name_stops_the_pass_with_name_conflict() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(service, NS));
+    let server = tokio::spawn(async move {
+        // A user's Secret under the admin token's name: no owner reference.
+        let theirs = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "smollm2-admin-token", "namespace": NS, "uid": "their-uid"},
+            "data": {"token": "dGhlaXJz"}});
+        observe_owned(&mut handle, ok(&theirs)).await;
+        observe_rest(&mut handle, None).await;
+        // Nothing is created or applied: the next request is the status write.
+        let status = expect(
+            &mut handle,
+            Method::PATCH,
+            "/apis/modelfleet.io/v1alpha1/namespaces/serving/modeldeployments/smollm2/status?",
+            with_status,
+        )
+        .await;
+        drain_events(&mut handle).await;
+        status
+    });
+    let action = reconcile(Arc::new(md(json!({}), None)), ctx.clone())
+        .await
+        .unwrap();
+    drop(ctx);
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(super::CONFLICT_RETRY)
+    );
+    let status = server.await.unwrap();
+    let stalled = status["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Stalled")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (stalled["status"].as_str(), stalled["reason"].as_str()),
+        (Some("True"), Some("NameConflict"))
+    );
+    assert!(
+        stalled["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Secret \"smollm2-admin-token\" already exists"),
+        "{stalled}"
+    );
 }

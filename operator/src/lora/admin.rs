@@ -3,10 +3,12 @@
 //! `http://<podIP>:8001`, with the bearer token from the deployment's admin Secret.
 //!
 //! Invariants: every call has a timeout (a load may download for tens of seconds, an unload is quick),
-//! so a hung pod costs one task its timeout and nothing else; the token never appears in a log, an
+//! covering the answer's body too, and reads at most a capped body ([`crate::body`]), so a hung or
+//! babbling pod costs one task its timeout and nothing else; the token never appears in a log, an
 //! Event or a status message ([`AdminToken`]'s `Debug` hides it); errors become condition reasons in one
 //! place ([`classify`]) from the OpenAI-shaped `error.code` the runtime returns.
 
+use crate::body::{MAX_ADMIN_BYTES, read_capped};
 use crate::builders::adapters::AdapterEntry;
 use std::fmt;
 use std::sync::Arc;
@@ -206,8 +208,56 @@ pub async fn load(
     if (200..300).contains(&status) {
         return Ok(());
     }
-    let body = answer.text().await.unwrap_or_default();
+    let body = capped_text(answer).await;
     Err(error_from_answer(status, &body))
+}
+
+/// An error answer's body as text, at most [`MAX_ADMIN_BYTES`] of it (empty if it is longer).
+async fn capped_text(answer: reqwest::Response) -> String {
+    read_capped(answer, MAX_ADMIN_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Most bytes of a `GET /v1/adapters` answer read (1,024 adapters of long names and tenant lists fit).
+pub const MAX_LIST_BYTES: usize = 4 << 20;
+
+/// The served names the pod at `base` has registered (`GET /v1/adapters`, any state).
+pub async fn list(
+    http: &reqwest::Client,
+    base: &str,
+    token: &AdminToken,
+    timeout: Duration,
+) -> Result<Vec<String>, AdminError> {
+    let answer = http
+        .get(format!("{base}/v1/adapters"))
+        .bearer_auth(&*token.0)
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| transport_error(e, timeout))?;
+    let status = answer.status().as_u16();
+    if !(200..300).contains(&status) {
+        let body = capped_text(answer).await;
+        return Err(error_from_answer(status, &body));
+    }
+    let body = read_capped(answer, MAX_LIST_BYTES)
+        .await
+        .map_err(|e| AdminError {
+            reason: Reason::LoadFailed,
+            message: bounded(format!("listing adapters: {e}")),
+        })?;
+    let parsed: serde_json::Value = serde_json::from_slice(&body).map_err(|e| AdminError {
+        reason: Reason::LoadFailed,
+        message: bounded(format!("listing adapters: not JSON: {e}")),
+    })?;
+    Ok(parsed["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["name"].as_str().map(String::from))
+        .collect())
 }
 
 /// Unloads served name `name` from the pod at `base` (404 `adapter_not_found` counts as done).
@@ -229,7 +279,7 @@ pub async fn unload(
     if (200..300).contains(&status) {
         return Ok(());
     }
-    let body = answer.text().await.unwrap_or_default();
+    let body = capped_text(answer).await;
     if status == 404 && parse_error(&body).0.as_deref() == Some("adapter_not_found") {
         return Ok(());
     }

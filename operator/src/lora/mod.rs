@@ -29,10 +29,10 @@ pub(crate) mod fake;
 
 use crate::Error;
 use crate::labels::{APP_NAME, MODEL_DEPLOYMENT_LABEL};
+use crate::scope::{self, Scope};
 use crate::telemetry::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -103,9 +103,10 @@ fn error_policy(a: Arc<LoraAdapter>, error: &Error, ctx: Arc<Context>) -> Action
     Action::requeue(wait)
 }
 
-/// Runs the LoraAdapter controller until a shutdown signal.
-pub async fn run(client: Client, metrics: Arc<Metrics>, identity: &str) {
-    let (wake, woken) = futures::channel::mpsc::unbounded();
+/// Runs the LoraAdapter controller until a shutdown signal, with one set of watches per partition of
+/// `scope`; the ends of admin calls are routed to the partition of their adapter.
+pub async fn run(client: Client, metrics: Arc<Metrics>, identity: &str, scope: &Scope) {
+    let (wake, mut woken) = futures::channel::mpsc::unbounded::<ObjectRef<LoraAdapter>>();
     let reporter = Reporter {
         controller: "modelfleet-operator".into(),
         instance: Some(identity.into()),
@@ -124,10 +125,41 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: &str) {
         recorder: Recorder::new(client.clone(), reporter),
         failures: Mutex::new(HashMap::new()),
     });
+    let partitions = scope.partitions();
+    let mut routes = HashMap::new();
+    let mut runs = Vec::new();
+    for partition in partitions {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        routes.insert(partition.clone(), tx);
+        runs.push(run_in(client.clone(), ctx.clone(), partition, rx));
+    }
+    let cluster_wide = routes.contains_key(&None);
+    tokio::spawn(async move {
+        while let Some(adapter) = woken.next().await {
+            let key = if cluster_wide {
+                None
+            } else {
+                adapter.namespace.clone()
+            };
+            if let Some(tx) = routes.get(&key) {
+                let _ = tx.unbounded_send(adapter);
+            }
+        }
+    });
+    futures::future::join_all(runs).await;
+}
+
+/// The controller over one partition of the scope (every namespace, or one).
+async fn run_in(
+    client: Client,
+    ctx: Arc<Context>,
+    partition: Option<String>,
+    woken: futures::channel::mpsc::UnboundedReceiver<ObjectRef<LoraAdapter>>,
+) {
     let (reader, writer) = reflector::store();
     // Spec changes, finalizer changes and deletion (which bumps the generation) — not status writes.
     let trigger = watcher(
-        Api::<LoraAdapter>::all(client.clone()),
+        scope::api::<LoraAdapter>(client.clone(), &partition),
         watcher::Config::default().any_semantic(),
     )
     .default_backoff()
@@ -142,14 +174,18 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: &str) {
     let by_md = reader.clone();
     Controller::for_stream(trigger, reader)
         .with_config(Config::default().debounce(Duration::from_millis(500)))
-        .watches(Api::<Pod>::all(client.clone()), pods_cfg, move |pod: Pod| {
-            let (Some(ns), Some(md)) = (pod.namespace(), pod.labels().get(MODEL_DEPLOYMENT_LABEL)) else {
-                return Vec::new();
-            };
-            adapters_of(&by_pod, &ns, md)
-        })
         .watches(
-            Api::<ModelDeployment>::all(client),
+            scope::api::<Pod>(client.clone(), &partition),
+            pods_cfg,
+            move |pod: Pod| {
+                let (Some(ns), Some(md)) = (pod.namespace(), pod.labels().get(MODEL_DEPLOYMENT_LABEL)) else {
+                    return Vec::new();
+                };
+                adapters_of(&by_pod, &ns, md)
+            },
+        )
+        .watches(
+            scope::api::<ModelDeployment>(client, &partition),
             watcher::Config::default(),
             move |md: ModelDeployment| {
                 adapters_of(&by_md, &md.namespace().unwrap_or_default(), &md.name_any())
