@@ -281,3 +281,78 @@ async fn a_failed_init_container_reports_its_termination_message() {
         main.state.as_ref().unwrap().terminated.is_none() && main.state.as_ref().unwrap().running.is_none()
     );
 }
+
+const PRE_STOP: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: draining}
+spec:
+  terminationGracePeriodSeconds: 20
+  containers:
+  - name: web
+    image: modelfleet/testserver:dev
+    env:
+    - name: POD_IP
+      valueFrom: {fieldRef: {fieldPath: status.podIP}}
+    readinessProbe:
+      httpGet: {path: /ready, port: 8080}
+      periodSeconds: 1
+    lifecycle:
+      preStop:
+        sleep: {seconds: 4}
+"#;
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make e2e"]
+async fn a_pre_stop_sleep_keeps_the_pod_serving_before_sigterm() {
+    let ns = TestNamespace::new("prestop");
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(PRE_STOP));
+    let ip = wait_until("the pod Ready", Duration::from_secs(60), || async {
+        let pod = pods.get("draining").await.ok()?;
+        is_ready(&pod).then(|| pod.status?.pod_ip)?
+    })
+    .await;
+    let http = http();
+    let answers = |ip: String| {
+        let http = http.clone();
+        async move { http.get(format!("http://{ip}:8080/")).send().await.is_ok() }
+    };
+    assert!(answers(ip.clone()).await);
+    let deleted = std::time::Instant::now();
+    kubectl_ok(
+        &["delete", "pod", "-n", &ns.name, "draining", "--wait=false"],
+        None,
+    );
+    // Terminating, and still serving for the preStop sleep: SIGTERM comes after it.
+    wait_until("the pod to be terminating", Duration::from_secs(5), || async {
+        pods.get("draining")
+            .await
+            .ok()?
+            .metadata
+            .deletion_timestamp
+            .map(|_| ())
+    })
+    .await;
+    while deleted.elapsed() < Duration::from_secs(3) {
+        assert!(
+            answers(ip.clone()).await,
+            "the process stopped {:?} after the delete, inside the 4 s preStop sleep",
+            deleted.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_until(
+        "the process to stop after the hook",
+        Duration::from_secs(15),
+        || {
+            let ip = ip.clone();
+            let answers = &answers;
+            async move { (!answers(ip).await).then_some(()) }
+        },
+    )
+    .await;
+    let stopped = deleted.elapsed();
+    assert!(stopped >= Duration::from_secs(4), "stopped after {stopped:?}");
+    eprintln!("preStop: the process served until {stopped:?} after the delete");
+}

@@ -5,7 +5,8 @@
 //! both onto the new pod, which serves them with the same greedy answers; a later adapter reusing a
 //! served name gets `NameConflict`; a wrong digest gets `Verified=False/DigestMismatch` and no pod
 //! lists it; deleting an adapter unloads it from every pod and the object goes (finalizer); a steady
-//! adapter's status is not rewritten. Run by `make e2e`; nothing is mocked.
+//! adapter's status is not rewritten; an adapter no LoraAdapter lists is swept off the pods. Run by
+//! `make e2e`; nothing is mocked.
 
 mod common;
 use common::*;
@@ -482,6 +483,40 @@ async fn adapters_load_serve_follow_scale_refuse_bad_bytes_and_unload() {
         assert!(!listed.contains_key("tone"), "{pod} still lists tone: {listed:?}");
         assert_eq!(chat(ip, KEY_A, "tone").await.unwrap_err().0, 404);
     }
+
+    // An adapter no LoraAdapter lists (loaded by hand here; or one whose unload failed while its
+    // LoraAdapter went away) is swept off the pods by the next ModelDeployment pass.
+    let (_, ip) = both.iter().next().unwrap();
+    let loaded = http()
+        .post(format!("http://{ip}:8001/v1/adapters"))
+        .bearer_auth(&token)
+        .timeout(Duration::from_secs(60))
+        .json(
+            &json!({"name": "stray", "uri": format!("file://{}", sql_dir.display()),
+                                  "digest": sql_digest, "tenants": []}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(loaded.status().is_success(), "{:?}", loaded.text().await);
+    assert!(admin_list(ip, &token).await.contains_key("stray"));
+    // Any change to a LoraAdapter of the deployment brings a pass (so would the next minute's resync).
+    kubectl_ok(
+        &[
+            "annotate",
+            "-n",
+            &ns.name,
+            "loraadapter/sql",
+            "e2e/nudge=1",
+            "--overwrite",
+        ],
+        None,
+    );
+    wait_until("the stray adapter swept", Duration::from_secs(30), || async {
+        let listed = admin_list(ip, &token).await;
+        (!listed.contains_key("stray") && serves(&listed, "sql", &sql_digest)).then_some(())
+    })
+    .await;
 
     // The base going first never holds up the adapters' finalizers.
     kubectl_ok(

@@ -245,3 +245,146 @@ async fn operator_reconciles_owned_objects_digest_verdicts_and_deletion() {
     )
     .await;
 }
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make e2e"]
+async fn a_same_named_object_it_did_not_create_is_left_alone_with_name_conflict() {
+    ensure_operator().await;
+    let ns = TestNamespace::new("conflict");
+    let client = client().await;
+    let mds: Api<ModelDeployment> = Api::namespaced(client.clone(), &ns.name);
+    // Someone else's Secret under the name the admin token would take.
+    kubectl_ok(
+        &[
+            "create",
+            "secret",
+            "generic",
+            "tiny-admin-token",
+            "-n",
+            &ns.name,
+            "--from-literal=token=theirs",
+        ],
+        None,
+    );
+    let (dir, digest) = artifact(&ns.name);
+    kubectl_ok(
+        &["apply", "-n", &ns.name, "-f", "-"],
+        Some(&model_deployment("tiny", &dir, &digest, 1)),
+    );
+    let md = wait_until("Stalled=True/NameConflict", Duration::from_secs(60), || async {
+        let md = mds.get("tiny").await.ok()?;
+        (condition(&md, "Stalled")? == ("True".into(), "NameConflict".into())).then_some(md)
+    })
+    .await;
+    let stalled = md
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Stalled")
+        .unwrap();
+    assert!(
+        stalled.message.contains("Secret \"tiny-admin-token\""),
+        "{}",
+        stalled.message
+    );
+    // Nothing changed: their Secret as it was (no owner, no new fields), and nothing else applied.
+    let secret = Api::<Secret>::namespaced(client.clone(), &ns.name)
+        .get("tiny-admin-token")
+        .await
+        .unwrap();
+    assert_eq!(secret.data.unwrap()["token"].0, b"theirs");
+    assert!(secret.metadata.owner_references.is_none());
+    assert!(
+        secret
+            .metadata
+            .managed_fields
+            .unwrap()
+            .iter()
+            .all(|m| m.manager.as_deref() != Some("modelfleet-operator"))
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(deployments.get_opt("tiny").await.unwrap().is_none());
+    // Their object gone, the next look (within 30 s) goes ahead.
+    kubectl_ok(&["delete", "secret", "tiny-admin-token", "-n", &ns.name], None);
+    wait_until(
+        "the runtime Deployment after the conflict",
+        Duration::from_secs(60),
+        || async { deployments.get_opt("tiny").await.ok().flatten() },
+    )
+    .await;
+    kubectl_ok(
+        &[
+            "delete",
+            "-n",
+            &ns.name,
+            "md/tiny",
+            "--wait=true",
+            "--timeout=30s",
+        ],
+        None,
+    );
+}
+
+/// `kubectl auth can-i VERB RESOURCE -n NS --as SUBJECT` → allowed?
+fn can_i(verb: &str, resource: &str, ns: &str, subject: &str) -> bool {
+    let out = kubectl(
+        &["auth", "can-i", verb, resource, "-n", ns, "--as", subject],
+        None,
+    );
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make e2e"]
+async fn the_operator_cannot_patch_secrets_and_namespaced_rbac_stays_in_its_namespaces() {
+    ensure_operator().await;
+    let ns = TestNamespace::new("rbac-op");
+    let other = TestNamespace::new("rbac-other");
+    // The installed chart (every namespace): Secrets are read and created, never patched or deleted.
+    let sa = format!("system:serviceaccount:{OPERATOR_NS}:modelfleet");
+    assert!(can_i("get", "secrets", &ns.name, &sa) && can_i("create", "secrets", &ns.name, &sa));
+    for verb in ["patch", "update", "delete", "list"] {
+        assert!(!can_i(verb, "secrets", &ns.name, &sa), "{verb} secrets");
+    }
+    assert!(can_i("patch", "deployments.apps", &ns.name, &sa));
+
+    // The chart with watchNamespaces: a Role in each listed namespace, nothing cluster-wide.
+    let chart = repo_root().join("charts/modelfleet");
+    // `helm template` renders offline: tell it the API server's version (the chart requires >= 1.33).
+    let version = client().await.apiserver_version().await.unwrap().git_version;
+    let out = std::process::Command::new("helm")
+        .args([
+            "template",
+            "scoped",
+            chart.to_str().unwrap(),
+            "--namespace",
+            &other.name,
+            "--kube-version",
+            &version,
+        ])
+        .args(["--set", &format!("watchNamespaces={{{}}}", ns.name)])
+        .args(["--show-only", "templates/rbac.yaml"])
+        .output()
+        .expect("helm on PATH");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    assert!(!rendered.contains("kind: ClusterRole"), "{rendered}");
+    kubectl_ok(&["apply", "-f", "-"], Some(&rendered));
+    let scoped = format!("system:serviceaccount:{}:scoped-modelfleet", other.name);
+    assert!(can_i("patch", "deployments.apps", &ns.name, &scoped));
+    assert!(can_i("create", "secrets", &ns.name, &scoped));
+    assert!(!can_i("patch", "secrets", &ns.name, &scoped));
+    assert!(
+        !can_i("get", "secrets", "default", &scoped),
+        "no rights outside the listed namespaces"
+    );
+    assert!(!can_i("list", "pods", "default", &scoped));
+    assert!(can_i(
+        "update",
+        "leases.coordination.k8s.io",
+        &other.name,
+        &scoped
+    ));
+}

@@ -1,10 +1,12 @@
 //! Stopping a pod: graceful deletion with the final delete, a vanished pod, kubelet shutdown.
 //!
-//! Deleted (deletionTimestamp set): SIGTERM every process group, wait up to the pod's
-//! `deletionGracePeriodSeconds` (shortened if the pod is deleted again with less), SIGKILL what is
-//! left, write the final status (terminal phase), then delete the object with grace 0 and a UID
-//! precondition — the kubelet's "final delete". Vanished or shutdown: SIGTERM, the kubelet's
-//! `--shutdown-grace-seconds`, SIGKILL, no API calls.
+//! Deleted (deletionTimestamp set): run the `preStop` hooks of running containers — the `sleep` action
+//! only: the containers keep running for its seconds, out of the grace period, as a kubelet does —
+//! then SIGTERM every process group, wait up to the rest of the pod's `deletionGracePeriodSeconds`
+//! (shortened if the pod is deleted again with less), SIGKILL what is left, write the final status
+//! (terminal phase), then delete the object with grace 0 and a UID precondition — the kubelet's
+//! "final delete". Vanished or shutdown: no hooks, SIGTERM, the kubelet's `--shutdown-grace-seconds`,
+//! SIGKILL, no API calls. `exec` and `httpGet` hooks are not run (e2e/README.md says so).
 //!
 //! Invariant: this returns only when no process of the pod is left running (or a SIGKILLed
 //! process failed to be reaped within 10 s, which is logged).
@@ -46,9 +48,18 @@ impl PodWorker {
             c.stopping = true;
             c.probes = None;
         }
+        let started = Instant::now();
+        if reason == StopReason::Deleted {
+            let hook = self.pre_stop_sleep().min(grace);
+            if !hook.is_zero() {
+                tracing::info!(pod = %self.dir.root().display(), hook_s = hook.as_secs(), "preStop sleep before SIGTERM");
+                self.serve_until(started + hook).await;
+            }
+        }
+        let left = grace.saturating_sub(started.elapsed());
         for (init, len) in [(true, self.init.len()), (false, self.main.len())] {
             for index in 0..len {
-                self.kill(Slot { init, index }, grace.as_secs());
+                self.kill(Slot { init, index }, left.as_secs());
             }
         }
         if reason == StopReason::Deleted {
@@ -59,7 +70,7 @@ impl PodWorker {
                     .normal(&pod, "Killing", format!("Stopping container {name}"));
             }
         }
-        self.wait_for_exits(reason, Instant::now() + grace).await;
+        self.wait_for_exits(reason, started + grace).await;
         if reason != StopReason::Deleted {
             return;
         }
@@ -69,6 +80,28 @@ impl PodWorker {
         self.stopped = true;
         self.report().await;
         self.final_delete().await;
+    }
+
+    /// The longest `preStop` `sleep` among the running main containers (hooks run side by side).
+    fn pre_stop_sleep(&self) -> Duration {
+        self.main_specs
+            .iter()
+            .zip(&self.main)
+            .filter(|(_, rt)| rt.is_running())
+            .filter_map(|(spec, _)| spec.lifecycle.as_ref()?.pre_stop.as_ref()?.sleep.as_ref())
+            .map(|s| Duration::from_secs(s.seconds.max(0) as u64))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Lets the processes run (recording their exits) until `until` or until none runs.
+    async fn serve_until(&mut self, until: Instant) {
+        while self.any_running() {
+            tokio::select! {
+                Some(event) = self.rx.recv() => self.handle(event),
+                _ = tokio::time::sleep_until(until) => return,
+            }
+        }
     }
 
     /// The grace period of a deleted pod.
