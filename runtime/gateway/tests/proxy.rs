@@ -2,7 +2,8 @@
 //! forwarded unchanged with the caller's `Authorization`, retries before the first byte (connect
 //! refused, 503, 429 `queue_full`, an adapter's 404) and none after it or for a tenant's quota,
 //! streams that end with an error event when their pod dies, cancellation reaching the pod, the
-//! waiting room of a deployment without Ready pods, and the edge's 401 before the body is read.
+//! waiting room of a deployment without Ready pods, the edge's 401 before the body is read, and
+//! answers passed through byte for byte.
 
 mod common;
 use common::*;
@@ -82,6 +83,28 @@ async fn affinity_sends_a_prefix_to_one_pod_and_unique_prompts_spread() {
         gw.metrics()
             .contains("modelfleet_gateway_route_total{decision=\"affinity\",model_deployment=\"chat\"}")
     );
+}
+
+#[tokio::test]
+async fn answers_pass_through_byte_for_byte() {
+    // The overhead benchmark (examples/overhead_bench) compares these bytes both ways.
+    let (pods, port) = pods(1).await;
+    pods[0].set(Mode::Completion);
+    let d = deployment(&[pods[0].pod()], Tenancy::Open, &[]);
+    let gw = TestGateway::start(settings(port), Fleet::new(vec![d], true), 8).await;
+    for (stream, expect) in [
+        (false, COMPLETION.to_string()),
+        (true, COMPLETION_CHUNKS.concat()),
+    ] {
+        let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("hi", stream), None).await;
+        assert_eq!((status, body.as_str()), (200, expect.as_str()));
+        let kind = if stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        assert_eq!(h["content-type"], kind);
+    }
 }
 
 #[tokio::test]

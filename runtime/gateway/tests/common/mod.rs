@@ -3,6 +3,8 @@
 //! reached it; and a gateway over a fleet the test publishes itself. The end-to-end suite runs the real
 //! runtime behind the real gateway; these tests pin down the proxy's contract (retries, streams,
 //! cancellation, waiting rooms, authentication) with answers a runtime gives only under failure.
+//! `examples/overhead_bench` includes this module too: its trivial upstream is a test pod answering
+//! [`Mode::Completion`].
 #![allow(dead_code)]
 
 use axum::body::Body;
@@ -32,7 +34,25 @@ pub enum Mode {
     Endless,
     /// Holds the request 10 s before answering (counted in `dropped` if the client goes away first).
     Slow,
+    /// A fixed OpenAI chat completion ([`COMPLETION`]), or [`COMPLETION_CHUNKS`] as SSE if the body
+    /// asks `"stream": true`: the trivial upstream of the overhead benchmark.
+    Completion,
 }
+
+/// The answer of [`Mode::Completion`].
+pub const COMPLETION: &str = concat!(
+    r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1764633600,"model":"llama","#,
+    r#""choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"#,
+    r#""finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":20,"completion_tokens":9,"total_tokens":29}}"#
+);
+
+/// The streamed answer of [`Mode::Completion`]: SSE events, `[DONE]` last.
+pub const COMPLETION_CHUNKS: [&str; 4] = [
+    "data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1764633600,\"model\":\"llama\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+    "data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1764633600,\"model\":\"llama\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello! How can I help you today?\"},\"finish_reason\":null}]}\n\n",
+    "data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1764633600,\"model\":\"llama\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+    "data: [DONE]\n\n",
+];
 
 /// One test pod.
 pub struct TestPod {
@@ -120,6 +140,12 @@ async fn answer(
             "data: [DONE]\n\n".into(),
         ]),
         Mode::Ok => axum::Json(serde_json::json!({"pod": name})).into_response(),
+        Mode::Completion if stream => sse(COMPLETION_CHUNKS.iter().map(|c| c.to_string()).collect()),
+        Mode::Completion => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            COMPLETION,
+        )
+            .into_response(),
         Mode::Status(s, code) => error_body(s, code),
         Mode::DieMidStream => {
             let first = futures::stream::iter([Ok::<_, std::io::Error>(format!(

@@ -1,0 +1,290 @@
+//! The gateway's own cost per request (issue #15's overhead figure): a trivial OpenAI-shaped upstream
+//! (a test pod answering a fixed chat completion at once, on its own loopback IP) and the real gateway
+//! in front of it — its router, its bounded listener, its flags' defaults (affinity routing, pod
+//! header, per-request log line), one deployment with that pod, one tenant key — then the closed-loop
+//! load generator of `loadgen.rs`, straight at the upstream and through the gateway, alternating, for
+//! `--pairs` pairs at each `--clients` level. Added latency = gateway − direct, pair by pair.
+//!
+//! Upstream, gateway and clients each run on their own tokio runtime (`--workers` threads each), as
+//! three processes would; on this machine all share two cores, so at 64 clients the figures include
+//! queueing for the CPU. The gateway logs each request as the binary does (`info`, one line), to
+//! `--log-file` (default /dev/null). Commands and figures: docs/benchmarks.md ("Gateway overhead").
+//!
+//!   cargo run --release -p modelfleet-gateway --example overhead_bench -- --pairs 5 --clients 1,64
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod loadgen;
+
+use bytes::Bytes;
+use clap::Parser;
+use common::{COMPLETION, COMPLETION_CHUNKS, Mode, deployment};
+use modelfleet_api::listener::{Limits, serve};
+use modelfleet_api::tenants::Tenants;
+use modelfleet_gateway::config::{RunArgs, secs};
+use modelfleet_gateway::fleet::{Fleet, Tenancy};
+use modelfleet_gateway::routes;
+use modelfleet_gateway::state::{Gateway, Settings};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(about = "Gateway overhead against a trivial upstream")]
+struct Args {
+    /// Direct/gateway pairs per client level.
+    #[arg(long, default_value_t = 5)]
+    pairs: usize,
+    /// Concurrent clients, one level after another.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    clients: Vec<usize>,
+    /// Measured seconds per phase.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Warm-up seconds per phase (not measured).
+    #[arg(long, default_value_t = 0.5)]
+    warmup: f64,
+    /// Ask for an SSE stream (4 events) instead of one JSON body.
+    #[arg(long)]
+    stream: bool,
+    /// An open deployment (no key) instead of one with a tenant key.
+    #[arg(long)]
+    open: bool,
+    /// Worker threads of each runtime (upstream, gateway, clients).
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Where the gateway's request log goes (`none`: no log subscriber at all).
+    #[arg(long, default_value = "/dev/null")]
+    log_file: String,
+}
+
+/// The gateway's flags at their defaults (their env twins apply), as `modelfleet-gateway run` sees them.
+#[derive(Parser)]
+struct GatewayCli {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+const KEY: &str = "sk-bench-tenant";
+
+fn runtime(name: &str, workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.max(1))
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+fn install_log(path: &str) {
+    if path == "none" {
+        return;
+    }
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("--log-file {path}: {e}"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::sync::Mutex::new(file))
+        .try_init();
+}
+
+/// The median and range of `v`, formatted with `digits` decimals.
+fn spread(v: &[f64], digits: usize) -> String {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let median = if s.len() % 2 == 1 {
+        s[s.len() / 2]
+    } else {
+        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
+    };
+    format!(
+        "{median:.digits$} ({:.digits$}–{:.digits$})",
+        s[0],
+        s[s.len() - 1]
+    )
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    install_log(&args.log_file);
+    let up_rt = runtime("upstream", args.workers);
+    let gw_rt = runtime("gateway", args.workers);
+    let client_rt = runtime("clients", args.workers);
+
+    // The upstream: one test pod on its own loopback IP, answering a fixed completion.
+    let (pods, port) = up_rt.block_on(common::pods(1));
+    pods[0].set(Mode::Completion);
+    let pod = pods[0].pod();
+
+    // The gateway: its default flags, the pod's port, one deployment with that pod.
+    let mut gw_args = GatewayCli::parse_from(["modelfleet-gateway"]).run;
+    gw_args.pod_port = port;
+    let tenancy = if args.open {
+        Tenancy::Open
+    } else {
+        let text = format!("tenants:\n- id: bench\n  apiKeys: [{KEY}]\n");
+        Tenancy::Keys(Arc::new(Tenants::parse(&text).expect("a tenants file")))
+    };
+    let fleet = Fleet::new(vec![deployment(std::slice::from_ref(&pod), tenancy, &[])], true);
+    let (fleet_tx, gw_addr) = gw_rt.block_on(async {
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(fleet));
+        let gw = Gateway::new(
+            rx,
+            Settings::from_args(&gw_args),
+            gw_args.max_pending_per_deployment,
+            Duration::from_millis(gw_args.scrape_interval_ms.max(100)),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("an address");
+        let limits = Limits {
+            max_connections: gw_args.max_connections,
+            header_read_timeout: secs(gw_args.header_read_timeout),
+            ..Limits::default()
+        };
+        tokio::spawn(serve(listener, routes::api(gw), limits, std::future::pending()));
+        (tx, addr)
+    });
+
+    let path = "/v1/chat/completions";
+    let direct = format!("http://{}:{port}{path}", pod.ip);
+    let through = format!("http://{gw_addr}{path}");
+    let body = Bytes::from(
+        serde_json::json!({
+            "model": "llama",
+            "stream": args.stream,
+            "max_tokens": 16,
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Say hello."}
+            ]
+        })
+        .to_string(),
+    );
+    let expect = Bytes::from(if args.stream {
+        COMPLETION_CHUNKS.concat()
+    } else {
+        COMPLETION.to_string()
+    });
+    // Both ways answer the same bytes before anything is measured.
+    client_rt.block_on(async {
+        let c = loadgen::client();
+        for url in [&direct, &through] {
+            let got = loadgen::once(&c, url, KEY, &body).await;
+            assert_eq!(got.as_ref(), Some(&expect), "{url} answered otherwise");
+        }
+    });
+
+    println!(
+        "{} CPUs; load average {}; workers per runtime {}; {} body; {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg(),
+        args.workers,
+        if args.stream { "SSE (4 events)" } else { "JSON" },
+        if args.open {
+            "open deployment"
+        } else {
+            "tenant key"
+        },
+    );
+    println!(
+        "Load: closed loop, tokio + reqwest (one keep-alive HTTP/1.1 connection per client), {}s measured after {}s warm-up per phase",
+        args.seconds, args.warmup
+    );
+    let (warmup, measure) = (secs(args.warmup), secs(args.seconds));
+    let mut failed = 0;
+    for &clients in &args.clients {
+        println!();
+        println!(
+            "## {clients} client(s), {} pairs (direct, gateway alternate which goes first)",
+            args.pairs
+        );
+        println!(
+            "| pair | direct p50 / p99 ms | gateway p50 / p99 ms | added p50 / p99 ms | direct req/s | gateway req/s | gateway ÷ direct req/s |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        let mut cols: [Vec<f64>; 9] = Default::default();
+        for pair in 0..args.pairs {
+            let run = |url: &str| {
+                client_rt.block_on(loadgen::phase(
+                    url,
+                    KEY,
+                    body.clone(),
+                    expect.clone(),
+                    clients,
+                    warmup,
+                    measure,
+                ))
+            };
+            let (d, g) = if pair % 2 == 0 {
+                let d = run(&direct);
+                (d, run(&through))
+            } else {
+                let g = run(&through);
+                (run(&direct), g)
+            };
+            failed += d.errors + g.errors;
+            let row = [
+                d.pct_ms(0.5),
+                d.pct_ms(0.99),
+                g.pct_ms(0.5),
+                g.pct_ms(0.99),
+                g.pct_ms(0.5) - d.pct_ms(0.5),
+                g.pct_ms(0.99) - d.pct_ms(0.99),
+                d.rps(),
+                g.rps(),
+                g.rps() / d.rps(),
+            ];
+            println!(
+                "| {} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} | {:.0} | {:.0} | {:.2} |{}",
+                pair + 1,
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                row[4],
+                row[5],
+                row[6],
+                row[7],
+                row[8],
+                if d.errors + g.errors > 0 {
+                    format!(" errors: direct {}, gateway {}", d.errors, g.errors)
+                } else {
+                    String::new()
+                }
+            );
+            for (c, v) in cols.iter_mut().zip(row) {
+                c.push(v);
+            }
+        }
+        println!(
+            "| median (range) | {} / {} | {} / {} | **{}** / **{}** | {} | {} | {} |",
+            spread(&cols[0], 3),
+            spread(&cols[1], 3),
+            spread(&cols[2], 3),
+            spread(&cols[3], 3),
+            spread(&cols[4], 3),
+            spread(&cols[5], 3),
+            spread(&cols[6], 0),
+            spread(&cols[7], 0),
+            spread(&cols[8], 2),
+        );
+    }
+    println!();
+    println!("load average at the end {}", loadavg());
+    drop(fleet_tx);
+    if failed > 0 {
+        eprintln!("overhead_bench: {failed} requests failed");
+        std::process::exit(1);
+    }
+}
