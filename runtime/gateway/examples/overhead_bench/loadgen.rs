@@ -6,7 +6,9 @@
 //! What counts: a request's latency is send → last body byte, kept when it started inside the measured
 //! window and finished before its end; throughput is the answers completed inside the window divided
 //! by its length. Any answer other than 200 with the expected body is an error (the table shows them;
-//! the benchmark fails if there is one).
+//! the benchmark fails if there is one). [`cpu_ns`] reads the CPU time of a runtime's threads, so a phase
+//! can be charged its gateway's and upstream's CPU per request, which the other agents' load on the
+//! machine does not inflate the way it inflates wall-clock latency.
 
 use bytes::Bytes;
 use std::time::Duration;
@@ -20,6 +22,8 @@ pub struct Phase {
     pub completed: usize,
     /// Failed requests (any time in the phase).
     pub errors: usize,
+    /// Answers in the whole phase, warm-up included (for CPU time per request).
+    pub all: usize,
     /// The window, seconds.
     pub seconds: f64,
 }
@@ -86,7 +90,7 @@ pub async fn phase(
         let (url, key, body, expect) = (url.to_string(), key.to_string(), body.clone(), expect.clone());
         tasks.spawn(async move {
             let client = client();
-            let (mut lat, mut completed, mut errors) = (Vec::new(), 0usize, 0usize);
+            let (mut lat, mut completed, mut errors, mut all) = (Vec::new(), 0usize, 0usize, 0usize);
             loop {
                 let start = Instant::now();
                 if start >= end {
@@ -100,6 +104,7 @@ pub async fn phase(
                     errors += 1;
                     continue;
                 }
+                all += 1;
                 if done >= t0 && done <= end {
                     completed += 1;
                     if start >= t0 {
@@ -107,21 +112,37 @@ pub async fn phase(
                     }
                 }
             }
-            (lat, completed, errors)
+            (lat, completed, errors, all)
         });
     }
     let mut out = Phase {
         latencies_us: Vec::new(),
         completed: 0,
         errors: 0,
+        all: 0,
         seconds: measure.as_secs_f64(),
     };
     while let Some(r) = tasks.join_next().await {
-        let (lat, completed, errors) = r.expect("a client task");
+        let (lat, completed, errors, all) = r.expect("a client task");
         out.latencies_us.extend(lat);
         out.completed += completed;
         out.errors += errors;
+        out.all += all;
     }
     out.latencies_us.sort_unstable();
     out
+}
+
+/// CPU time so far, in nanoseconds, of this process's threads whose name starts with `prefix` (the
+/// first field of `/proc/self/task/*/schedstat`; 0 where the kernel does not provide it).
+pub fn cpu_ns(prefix: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix)))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }

@@ -210,13 +210,15 @@ fn main() {
             args.pairs
         );
         println!(
-            "| pair | direct p50 / p99 ms | gateway p50 / p99 ms | added p50 / p99 ms | direct req/s | gateway req/s | gateway ÷ direct req/s |"
+            "| pair | direct p50 / p99 ms | gateway p50 / p99 ms | added p50 / p99 ms | direct req/s | gateway req/s | gateway ÷ direct req/s | gateway CPU µs/req | upstream CPU µs/req (direct / via gateway) |"
         );
-        println!("|---|---|---|---|---|---|---|");
-        let mut cols: [Vec<f64>; 9] = Default::default();
+        println!("|---|---|---|---|---|---|---|---|---|");
+        let mut cols: [Vec<f64>; 12] = Default::default();
         for pair in 0..args.pairs {
+            // A phase and the CPU µs per answer its gateway and upstream threads spent.
             let run = |url: &str| {
-                client_rt.block_on(loadgen::phase(
+                let (gw0, up0) = (loadgen::cpu_ns("gateway"), loadgen::cpu_ns("upstream"));
+                let p = client_rt.block_on(loadgen::phase(
                     url,
                     KEY,
                     body.clone(),
@@ -224,9 +226,15 @@ fn main() {
                     clients,
                     warmup,
                     measure,
-                ))
+                ));
+                let per = |ns: u64| ns as f64 / 1000.0 / p.all.max(1) as f64;
+                let cpu = (
+                    per(loadgen::cpu_ns("gateway") - gw0),
+                    per(loadgen::cpu_ns("upstream") - up0),
+                );
+                (p, cpu)
             };
-            let (d, g) = if pair % 2 == 0 {
+            let ((d, d_cpu), (g, g_cpu)) = if pair % 2 == 0 {
                 let d = run(&direct);
                 (d, run(&through))
             } else {
@@ -244,9 +252,12 @@ fn main() {
                 d.rps(),
                 g.rps(),
                 g.rps() / d.rps(),
+                g_cpu.0,
+                d_cpu.1,
+                g_cpu.1,
             ];
             println!(
-                "| {} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} | {:.0} | {:.0} | {:.2} |{}",
+                "| {} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} / {:.0} |{}",
                 pair + 1,
                 row[0],
                 row[1],
@@ -257,6 +268,9 @@ fn main() {
                 row[6],
                 row[7],
                 row[8],
+                row[9],
+                row[10],
+                row[11],
                 if d.errors + g.errors > 0 {
                     format!(" errors: direct {}, gateway {}", d.errors, g.errors)
                 } else {
@@ -268,7 +282,7 @@ fn main() {
             }
         }
         println!(
-            "| median (range) | {} / {} | {} / {} | **{}** / **{}** | {} | {} | {} |",
+            "| median (range) | {} / {} | {} / {} | **{}** / **{}** | {} | {} | {} | {} | {} / {} |",
             spread(&cols[0], 3),
             spread(&cols[1], 3),
             spread(&cols[2], 3),
@@ -278,6 +292,9 @@ fn main() {
             spread(&cols[6], 0),
             spread(&cols[7], 0),
             spread(&cols[8], 2),
+            spread(&cols[9], 0),
+            spread(&cols[10], 0),
+            spread(&cols[11], 0),
         );
     }
     println!();
