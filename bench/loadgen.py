@@ -9,6 +9,12 @@ JSON line: aggregate generated tokens/s over the run, TTFT p50/p99 and inter-tok
     bench/loadgen.py --url http://127.0.0.1:8000 --model NAME --streams 16 --requests 2 --max-tokens 128
 
 Plain asyncio sockets and HTTP/1.1 (no client library), so the client costs the same for both servers.
+
+For workloads with real prompts (bench/spec_decode.sh): `--prompts FILE` (a JSON list of strings; stream
+i sends prompt i modulo the list), `--chat` (POST /v1/chat/completions with the prompt as one user
+message), `--eos` (do not ignore EOS: requests end where the model ends them) and `--no-stream` (one JSON
+answer per request; tokens are counted from each answer's `usage.completion_tokens`, which both servers
+report, so tokens/s is exact even when lengths differ).
 """
 
 import argparse
@@ -19,14 +25,22 @@ import time
 from urllib.parse import urlparse
 
 
-async def one_request(host, port, model, prompt, max_tokens):
-    body = json.dumps({
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "ignore_eos": True,
-    }).encode()
+async def one_request(host, port, model, prompt, max_tokens, opts=None):
+    opts = opts or {}
+    req = {"model": model, "max_tokens": max_tokens, "temperature": 0,
+           "stream": not opts.get("no_stream")}
+    if not opts.get("eos"):
+        req["ignore_eos"] = True
+    if opts.get("chat"):
+        req["messages"] = [{"role": "user", "content": prompt}]
+        path = "/v1/chat/completions"
+    else:
+        req["prompt"] = prompt
+        path = "/v1/completions"
+    body = json.dumps(req).encode()
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
-        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
     await writer.drain()
     t0 = time.perf_counter()
@@ -34,6 +48,11 @@ async def one_request(host, port, model, prompt, max_tokens):
     if b" 200 " not in status:
         rest = await reader.read()
         raise RuntimeError(f"{status!r} {rest[:300]!r}")
+    if opts.get("no_stream"):
+        raw = await reader.read()
+        answer = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+        writer.close()
+        return t0, [time.perf_counter()], answer["usage"]["completion_tokens"]
     stamps, chunks = [], 0
     buf = b""
     while True:
@@ -59,13 +78,13 @@ async def one_request(host, port, model, prompt, max_tokens):
                     stamps.append(time.perf_counter())
                     chunks += 1
     writer.close()
-    return t0, stamps
+    return t0, stamps, max_tokens
 
 
-async def client(url, model, prompt, max_tokens, requests, out):
+async def client(url, model, prompt, max_tokens, requests, out, opts=None):
     u = urlparse(url)
     for _ in range(requests):
-        out.append(await one_request(u.hostname, u.port, model, prompt, max_tokens))
+        out.append(await one_request(u.hostname, u.port, model, prompt, max_tokens, opts))
 
 
 def pct(values, q):
@@ -99,22 +118,33 @@ async def main():
     ap.add_argument("--requests", type=int, default=2, help="requests per stream")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-words", type=int, default=24)
+    ap.add_argument("--prompts", help="JSON list of prompts; stream i sends prompt i mod len")
+    ap.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    ap.add_argument("--eos", action="store_true", help="do not ignore EOS")
+    ap.add_argument("--no-stream", action="store_true", help="count tokens from usage")
     args = ap.parse_args()
+    opts = {"chat": args.chat, "eos": args.eos, "no_stream": args.no_stream}
+    prompts = json.load(open(args.prompts)) if args.prompts else None
+
+    def prompt(i):
+        if prompts:
+            return prompts[i % len(prompts)]
+        return " ".join(f"word{(i * 7 + j) % 50}" for j in range(args.prompt_words)) + f" stream {i}"
+
     results = []
     t0 = time.perf_counter()
     await asyncio.gather(*(
-        client(args.url, args.model,
-               " ".join(f"word{(i * 7 + j) % 50}" for j in range(args.prompt_words)) + f" stream {i}",
-               args.max_tokens, args.requests, results)
+        client(args.url, args.model, prompt(i), args.max_tokens, args.requests, results, opts)
         for i in range(args.streams)))
     wall = time.perf_counter() - t0
-    ttft = [s[0] - t for t, s in results if s]
-    itl = [b - a for _, s in results for a, b in zip(s, s[1:])]
-    chunks = sum(len(s) for _, s in results)
+    ttft = [s[0] - t for t, s, _ in results if s and not args.no_stream]
+    itl = [b - a for _, s, _ in results for a, b in zip(s, s[1:])]
+    chunks = sum(len(s) for _, s, _ in results)
+    tokens = sum(n for _, _, n in results)
     print(json.dumps({
         "streams": args.streams, "requests": len(results), "max_tokens": args.max_tokens,
-        "tokens": len(results) * args.max_tokens, "chunks": chunks, "wall_s": round(wall, 3),
-        "tok_s": round(len(results) * args.max_tokens / wall, 1),
+        "tokens": tokens, "chunks": chunks, "wall_s": round(wall, 3),
+        "tok_s": round(tokens / wall, 1),
         "ttft_p50_ms": round(pct(ttft, 0.5) * 1e3, 1), "ttft_p99_ms": round(pct(ttft, 0.99) * 1e3, 1),
         "itl_p50_ms": round(pct(itl, 0.5) * 1e3, 2), "itl_p99_ms": round(pct(itl, 0.99) * 1e3, 2),
     }))

@@ -118,6 +118,10 @@ pub struct RuntimeSpec {
     /// LoRA residency limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraLimitsSpec>,
+    /// Speculative decoding (the runtime's `--speculative-config`): n-gram prompt lookup, or a draft
+    /// model fetched and verified by digest like the model itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative_config: Option<SpeculativeConfigSpec>,
     /// Extra `modelfleet-runtime serve` flags, appended after the ones the operator sets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
@@ -194,6 +198,64 @@ pub struct LoraLimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 512))]
     pub max_lora_rank: Option<i32>,
+}
+
+/// How speculative decoding proposes tokens.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SpeculativeMethod {
+    /// Prompt lookup: the continuation of the longest recent n-gram match in the request's own tokens.
+    #[default]
+    Ngram,
+    /// A smaller model with the same tokenizer (`draftModel`).
+    DraftModel,
+}
+
+/// Speculative decoding. Outputs keep the model's distribution exactly (greedy outputs are unchanged);
+/// only speed changes — measure it on your workload (docs/benchmarks.md).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(self.method == 'DraftModel') == has(self.draftModel)").message("speculativeConfig.draftModel is required with method DraftModel, and only with it"))]
+#[x_kube(validation = Rule::new("self.method == 'Ngram' || (!has(self.promptLookupMin) && !has(self.promptLookupMax))").message("speculativeConfig.promptLookupMin/Max go with method Ngram only"))]
+#[x_kube(validation = Rule::new("!has(self.promptLookupMin) || !has(self.promptLookupMax) || self.promptLookupMin <= self.promptLookupMax").message("speculativeConfig.promptLookupMin must be <= promptLookupMax"))]
+pub struct SpeculativeConfigSpec {
+    /// How tokens are proposed.
+    #[serde(default)]
+    pub method: SpeculativeMethod,
+    /// Tokens proposed per sequence and step.
+    #[schemars(range(min = 1, max = 16))]
+    pub num_speculative_tokens: i32,
+    /// Shortest n-gram looked up (`Ngram`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub prompt_lookup_min: Option<i32>,
+    /// Longest n-gram looked up (`Ngram`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub prompt_lookup_max: Option<i32>,
+    /// Steps with at least this many running requests do not speculate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub disable_by_batch_size: Option<i32>,
+    /// A sequence whose recent acceptance falls below this stops speculating for a while (0 never stops).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_acceptance_rate: Option<f64>,
+    /// The draft model (`DraftModel`): fetched and verified by digest into the pod like the model. It
+    /// must have the model's tokenizer (checked at start-up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<DraftModelSource>,
+}
+
+/// A draft model artifact pinned by content digest.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DraftModelSource {
+    /// `file:///path`, `http(s)://…`, or `hf://org/repo@revision`.
+    #[schemars(length(min = 1, max = 2048), regex(pattern = URI_PATTERN))]
+    pub uri: String,
+    /// Canonical content digest the fetched bytes must match: `sha256:<64 hex>`.
+    #[schemars(regex(pattern = DIGEST_PATTERN))]
+    pub digest: String,
 }
 
 /// Who decides the replica count.

@@ -11,6 +11,8 @@
 //! file system (they write only to their volumes, each with a `sizeLimit` the fetches also respect);
 //! the node's shared model cache is mounted only for namespaces the cluster admin opted in; a
 //! terminating pod keeps serving for `preStop` seconds before SIGTERM so endpoints drop it first.
+//! A speculative draft model is fetched and verified by a second init container into its own volume
+//! (with the same limits and security), and `serve` checks its digest again at start-up.
 
 use super::owned_meta;
 use crate::config::{ModelCache, OperatorConfig, quantity_bytes};
@@ -29,11 +31,17 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use modelfleet_crds::ModelDeployment;
-use modelfleet_crds::model_deployment::{PrefixCacheScope, RuntimeSpec};
+use modelfleet_crds::model_deployment::{
+    PrefixCacheScope, RuntimeSpec, SpeculativeConfigSpec, SpeculativeMethod,
+};
 use std::collections::BTreeMap;
 
 /// Where the verified model lives in the pod.
 pub const MODEL_DIR: &str = "/var/lib/modelfleet/model";
+/// Where the verified speculative draft model lives in the pod.
+pub const DRAFT_DIR: &str = "/var/lib/modelfleet/draft";
+/// The init container that fetches the draft model.
+pub const FETCH_DRAFT_CONTAINER: &str = "fetch-draft";
 /// Where the digest-keyed cache is mounted.
 pub const CACHE_DIR: &str = "/var/lib/modelfleet/cache";
 /// Where the admin-token Secret is mounted.
@@ -96,9 +104,9 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    init_containers: Some(vec![fetch_container(md, &image, cfg)]),
+                    init_containers: Some(init_containers(md, &runtime, &image, cfg)),
                     containers: vec![runtime_container(md, &runtime, &image, cfg)],
-                    volumes: Some(volumes(md, cfg)),
+                    volumes: Some(volumes(md, &runtime, cfg)),
                     termination_grace_period_seconds: Some(
                         cfg.termination_grace_seconds + cfg.pre_stop_seconds.max(0),
                     ),
@@ -160,20 +168,64 @@ fn container_security() -> SecurityContext {
     }
 }
 
-fn fetch_container(md: &ModelDeployment, image: &str, cfg: &OperatorConfig) -> Container {
+/// The model's fetch, and the draft model's when speculative decoding uses one.
+fn init_containers(
+    md: &ModelDeployment,
+    runtime: &RuntimeSpec,
+    image: &str,
+    cfg: &OperatorConfig,
+) -> Vec<Container> {
+    let m = &md.spec.model;
+    let mut out = vec![fetch_container(
+        md,
+        FETCH_CONTAINER,
+        (&m.uri, &m.digest),
+        ("model", MODEL_DIR),
+        image,
+        cfg,
+    )];
+    if let Some(d) = draft_model(runtime) {
+        out.push(fetch_container(
+            md,
+            FETCH_DRAFT_CONTAINER,
+            (&d.uri, &d.digest),
+            ("draft-model", DRAFT_DIR),
+            image,
+            cfg,
+        ));
+    }
+    out
+}
+
+fn draft_model(runtime: &RuntimeSpec) -> Option<&modelfleet_crds::model_deployment::DraftModelSource> {
+    runtime
+        .speculative_config
+        .as_ref()
+        .filter(|s| s.method == SpeculativeMethod::DraftModel)
+        .and_then(|s| s.draft_model.as_ref())
+}
+
+fn fetch_container(
+    md: &ModelDeployment,
+    name: &str,
+    (uri, digest): (&str, &str),
+    (volume, dest): (&str, &str),
+    image: &str,
+    cfg: &OperatorConfig,
+) -> Container {
     let mut args: Vec<String> = vec![
         "fetch".into(),
         "--uri".into(),
-        md.spec.model.uri.clone(),
+        uri.into(),
         "--digest".into(),
-        md.spec.model.digest.clone(),
+        digest.into(),
         "--dest".into(),
-        MODEL_DIR.into(),
+        dest.into(),
         // Explicit, so harnesses that rewrite paths in args (the e2e process kubelet) see it too.
         "--termination-log".into(),
         "/dev/termination-log".into(),
     ];
-    let mut mounts = vec![mount("model", MODEL_DIR, false), mount("tmp", TMP_DIR, false)];
+    let mut mounts = vec![mount(volume, dest, false), mount("tmp", TMP_DIR, false)];
     if shared_cache(md, cfg).is_some() {
         args.extend(["--cache".to_string(), CACHE_DIR.to_string()]);
         mounts.push(mount("model-cache", CACHE_DIR, false));
@@ -182,7 +234,7 @@ fn fetch_container(md: &ModelDeployment, image: &str, cfg: &OperatorConfig) -> C
         args.extend(["--max-bytes".to_string(), bytes.to_string()]);
     }
     Container {
-        name: FETCH_CONTAINER.into(),
+        name: name.into(),
         image: Some(image.into()),
         args: Some(args),
         env: Some(vec![tmpdir_env()]),
@@ -304,8 +356,39 @@ pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorCon
             args.push("--no-enable-prefix-caching".into());
         }
     }
+    if let Some(spec) = &runtime.speculative_config {
+        args.push("--speculative-config".into());
+        args.push(speculative_json(spec));
+    }
     args.extend(runtime.extra_args.iter().cloned());
     args
+}
+
+/// `--speculative-config` in vLLM's keys; a draft model is the verified copy in [`DRAFT_DIR`], with its
+/// digest so `serve` checks it again.
+fn speculative_json(s: &SpeculativeConfigSpec) -> String {
+    let mut doc = serde_json::Map::new();
+    doc.insert("num_speculative_tokens".into(), s.num_speculative_tokens.into());
+    match (&s.method, &s.draft_model) {
+        (SpeculativeMethod::DraftModel, Some(d)) => {
+            doc.insert("method".into(), "draft_model".into());
+            doc.insert("model".into(), DRAFT_DIR.into());
+            doc.insert("model_digest".into(), d.digest.clone().into());
+        }
+        _ => {
+            doc.insert("method".into(), "ngram".into());
+        }
+    }
+    let mut opt = |key: &str, v: Option<serde_json::Value>| {
+        if let Some(v) = v {
+            doc.insert(key.into(), v);
+        }
+    };
+    opt("prompt_lookup_min", s.prompt_lookup_min.map(Into::into));
+    opt("prompt_lookup_max", s.prompt_lookup_max.map(Into::into));
+    opt("disable_by_batch_size", s.disable_by_batch_size.map(Into::into));
+    opt("min_acceptance_rate", s.min_acceptance_rate.map(Into::into));
+    serde_json::Value::Object(doc).to_string()
 }
 
 fn runtime_container(
@@ -330,6 +413,9 @@ fn runtime_container(
     ];
     if md.spec.tenants.is_some() {
         mounts.push(mount("tenants", TENANTS_DIR, true));
+    }
+    if draft_model(runtime).is_some() {
+        mounts.push(mount("draft-model", DRAFT_DIR, true));
     }
     Container {
         name: RUNTIME_CONTAINER.into(),
@@ -380,7 +466,7 @@ fn empty_dir(name: &str, size_limit: Option<&str>) -> Volume {
     }
 }
 
-fn volumes(md: &ModelDeployment, cfg: &OperatorConfig) -> Vec<Volume> {
+fn volumes(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorConfig) -> Vec<Volume> {
     let name = md.metadata.name.clone().unwrap_or_default();
     let mut volumes = vec![
         empty_dir("model", cfg.model_volume_size_limit.as_deref()),
@@ -422,6 +508,9 @@ fn volumes(md: &ModelDeployment, cfg: &OperatorConfig) -> Vec<Volume> {
             ..Default::default()
         }),
         Some(ModelCache::None) | None => {}
+    }
+    if draft_model(runtime).is_some() {
+        volumes.push(empty_dir("draft-model", cfg.model_volume_size_limit.as_deref()));
     }
     if let Some(t) = &md.spec.tenants {
         volumes.push(Volume {
@@ -751,6 +840,72 @@ mod tests {
                 .unwrap()
                 .iter()
                 .all(|v| v.name != "model-cache")
+        );
+    }
+
+    #[test]
+    fn speculative_config_becomes_the_flag_and_a_draft_model_a_verified_fetch() {
+        let ngram = md(&format!(
+            "  model:\n    uri: file:///m\n    digest: \"{DIGEST}\"\n  runtime:\n    speculativeConfig:\n      \
+             method: Ngram\n      numSpeculativeTokens: 4\n      promptLookupMax: 5\n      disableByBatchSize: 8\n"
+        ));
+        let args = serve_args(
+            &ngram,
+            ngram.spec.runtime.as_ref().unwrap(),
+            &OperatorConfig::default(),
+        );
+        let i = args.iter().position(|a| a == "--speculative-config").unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&args[i + 1]).unwrap();
+        assert_eq!(
+            doc,
+            serde_json::json!({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5,
+                               "disable_by_batch_size": 8})
+        );
+        assert_eq!(
+            pod_spec(&desired_deployment(&ngram, &OperatorConfig::default(), 1))
+                .init_containers
+                .as_ref()
+                .unwrap()
+                .len(),
+            1
+        );
+        let draft_digest = format!("sha256:{}", "b".repeat(64));
+        let draft = md(&format!(
+            "  model:\n    uri: file:///m\n    digest: \"{DIGEST}\"\n  runtime:\n    speculativeConfig:\n      \
+             method: DraftModel\n      numSpeculativeTokens: 3\n      draftModel:\n        uri: hf://org/small@v1\n        \
+             digest: \"{draft_digest}\"\n"
+        ));
+        let d = desired_deployment(&draft, &OperatorConfig::default(), 1);
+        let pod = pod_spec(&d);
+        let fetch = &pod.init_containers.as_ref().unwrap()[1];
+        assert_eq!(fetch.name, FETCH_DRAFT_CONTAINER);
+        let fa = fetch.args.as_ref().unwrap().join(" ");
+        assert!(
+            fa.contains(&format!(
+                "--uri hf://org/small@v1 --digest {draft_digest} --dest {DRAFT_DIR}"
+            )),
+            "{fa}"
+        );
+        let args = pod.containers[0].args.as_ref().unwrap();
+        let i = args.iter().position(|a| a == "--speculative-config").unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&args[i + 1]).unwrap();
+        assert_eq!(
+            doc,
+            serde_json::json!({"method": "draft_model", "num_speculative_tokens": 3, "model": DRAFT_DIR,
+                               "model_digest": draft_digest})
+        );
+        let mounts = pod.containers[0].volume_mounts.as_ref().unwrap();
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m.name == "draft-model" && m.mount_path == DRAFT_DIR && m.read_only == Some(true))
+        );
+        assert!(
+            pod.volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|v| v.name == "draft-model")
         );
     }
 

@@ -43,6 +43,24 @@ pub const VLLM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
 /// vLLM's name for [`KV_CACHE_USAGE_RATIO`] (label `model_name`).
 pub const VLLM_KV_CACHE_USAGE: &str = "vllm:kv_cache_usage_perc";
 
+/// Speculative decoding: verification runs with at least one drafted token (counter, `model`).
+pub const SPEC_DECODE_DRAFTS: &str = "modelfleet_spec_decode_drafts_total";
+/// Speculative decoding: drafted tokens verified (counter, `model`).
+pub const SPEC_DECODE_DRAFT_TOKENS: &str = "modelfleet_spec_decode_draft_tokens_total";
+/// Speculative decoding: drafted tokens accepted (counter, `model`).
+pub const SPEC_DECODE_ACCEPTED_TOKENS: &str = "modelfleet_spec_decode_accepted_tokens_total";
+/// Speculative decoding: drafted tokens accepted by position in their run, 0 = first (counter, `model`,
+/// `position`).
+pub const SPEC_DECODE_ACCEPTED_PER_POSITION: &str = "modelfleet_spec_decode_accepted_tokens_per_position_total";
+/// vLLM's name for [`SPEC_DECODE_DRAFTS`] (label `model_name`).
+pub const VLLM_SPEC_DECODE_DRAFTS: &str = "vllm:spec_decode_num_drafts_total";
+/// vLLM's name for [`SPEC_DECODE_DRAFT_TOKENS`] (label `model_name`).
+pub const VLLM_SPEC_DECODE_DRAFT_TOKENS: &str = "vllm:spec_decode_num_draft_tokens_total";
+/// vLLM's name for [`SPEC_DECODE_ACCEPTED_TOKENS`] (label `model_name`).
+pub const VLLM_SPEC_DECODE_ACCEPTED_TOKENS: &str = "vllm:spec_decode_num_accepted_tokens_total";
+/// vLLM's name for [`SPEC_DECODE_ACCEPTED_PER_POSITION`] (labels `model_name`, `position`).
+pub const VLLM_SPEC_DECODE_ACCEPTED_PER_POSITION: &str = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+
 /// Gateway: requests answered (counter, `namespace`, `model_deployment`, `tenant`, `outcome`).
 pub const GATEWAY_REQUESTS: &str = "modelfleet_gateway_requests_total";
 /// Gateway: routing decisions (counter, `model_deployment`, `decision` = affinity | overflow | only).

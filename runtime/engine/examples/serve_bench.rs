@@ -102,6 +102,7 @@ fn start(a: &Args, max_num_seqs: usize, num_kv_blocks: usize) -> Result<EngineHa
         max_num_batched_tokens: a.max_num_batched_tokens,
         enable_prefix_caching: true,
         max_loras: 4,
+        speculative: None,
     };
     let limits = QueueLimits {
         max_queued_requests: 100_000,

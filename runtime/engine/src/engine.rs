@@ -65,6 +65,14 @@ pub struct Engine<K: Kernels = CpuKernels> {
     loras: HashMap<u64, (LoraWeights<K>, u64)>,
     max_loras: usize,
     steps: u64,
+    /// A draft model for speculative decoding, run on the same kernels with its own KV storage.
+    draft: Option<Draft<K>>,
+}
+
+/// A speculative-decoding draft model: weights and KV storage (its block tables are the scheduler's).
+struct Draft<K: Kernels> {
+    model: LlamaModel<K>,
+    cache: KvCache<K>,
 }
 
 impl Engine<CpuKernels> {
@@ -109,6 +117,7 @@ impl<K: Kernels> Engine<K> {
             loras: HashMap::new(),
             max_loras: cfg.max_loras,
             steps: 0,
+            draft: None,
         })
     }
 
@@ -157,6 +166,76 @@ impl<K: Kernels> Engine<K> {
             .forward_lora(&self.kernels, batch, &weights, &mut self.cache)
     }
 
+    /// Loads `md` as the draft model of speculative decoding, with `num_kv_blocks` KV blocks of this
+    /// engine's block size and element type. Refused, naming the difference, unless its tokenizer's
+    /// vocabulary and special tokens, its logits width and its EOS ids are this model's, and its
+    /// context reaches this engine's `max_model_len`.
+    pub fn attach_draft(&mut self, md: ModelDir, num_kv_blocks: usize) -> Result<()> {
+        let target = &self.model_dir;
+        let bad = |message: String| EngineError::InvalidParam {
+            field: "speculative_config.model",
+            message: format!(
+                "the draft model {} cannot draft for {}: {message}",
+                md.path.display(),
+                target.path.display()
+            ),
+        };
+        if let Some(d) = target.tokenizer.vocabulary_difference(&md.tokenizer) {
+            return Err(bad(format!("its tokenizer differs ({d})")));
+        }
+        if md.config.vocab_size != target.config.vocab_size {
+            return Err(bad(format!(
+                "vocab_size {} vs {}",
+                md.config.vocab_size, target.config.vocab_size
+            )));
+        }
+        if md.eos_token_ids != target.eos_token_ids || md.bos_token != target.bos_token {
+            return Err(bad(format!(
+                "EOS ids {:?} / BOS {:?} vs {:?} / {:?}",
+                md.eos_token_ids, md.bos_token, target.eos_token_ids, target.bos_token
+            )));
+        }
+        if md.config.max_position_embeddings < self.max_model_len {
+            return Err(bad(format!(
+                "its context ({}) is shorter than max_model_len ({})",
+                md.config.max_position_embeddings, self.max_model_len
+            )));
+        }
+        let model = LlamaModel::load(&self.kernels, md.config.clone(), &md.weights)?;
+        let layout = &self.cache.layout;
+        let cache = model.new_kv_cache_as(&self.kernels, num_kv_blocks, layout.block_size, layout.dtype);
+        self.draft = Some(Draft { model, cache });
+        Ok(())
+    }
+
+    /// KV blocks of the draft model's storage, if one is attached.
+    pub fn draft_num_kv_blocks(&self) -> Option<usize> {
+        self.draft.as_ref().map(|d| d.cache.layout.num_blocks)
+    }
+
+    /// Runs one pass of the draft model over `batch` (block tables index the draft's own storage).
+    pub fn draft_step(&mut self, batch: &[SeqInput<'_>]) -> Result<Logits> {
+        let max = self.max_model_len;
+        let d = self
+            .draft
+            .as_mut()
+            .ok_or_else(|| EngineError::Batch("no draft model is attached".into()))?;
+        if let Some(s) = batch.iter().find(|s| s.start_pos + s.tokens.len() > max) {
+            return Err(EngineError::Batch(format!(
+                "a draft sequence reaches {} tokens, past max_model_len ({max})",
+                s.start_pos + s.tokens.len()
+            )));
+        }
+        d.model.forward(&self.kernels, batch, &mut d.cache)
+    }
+
+    /// [`Self::recycle`] for the draft model's logits.
+    pub fn recycle_draft(&self, logits: Logits) {
+        if let Some(d) = &self.draft {
+            d.model.recycle(logits);
+        }
+    }
+
     /// Hands a step's logits back once read, so the next step reuses their memory
     /// ([`LlamaModel::recycle`]).
     pub fn recycle(&self, logits: Logits) {
@@ -166,6 +245,9 @@ impl<K: Kernels> Engine<K> {
     /// Frees the buffers kept from step to step ([`LlamaModel::release_scratch`]).
     pub fn release_scratch(&self) {
         self.model.release_scratch();
+        if let Some(d) = &self.draft {
+            d.model.release_scratch();
+        }
     }
 
     /// Adapters currently uploaded to the backend.

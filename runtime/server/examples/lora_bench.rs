@@ -93,6 +93,7 @@ fn main() -> Result<(), Error> {
             max_num_batched_tokens: 512,
             enable_prefix_caching: false,
             max_loras,
+            speculative: None,
         },
         QueueLimits {
             max_queued_requests: 1000,

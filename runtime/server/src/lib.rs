@@ -27,4 +27,5 @@ pub mod gen_model;
 pub mod logging;
 pub mod metrics;
 pub mod serve;
+pub mod spec_metrics;
 pub use modelfleet_api::tenants;

@@ -247,6 +247,7 @@ fn start(dir: &Path, max_loras: usize) -> EngineHandle {
             max_num_batched_tokens: 64,
             enable_prefix_caching: true,
             max_loras,
+            speculative: None,
         },
         QueueLimits {
             max_queued_requests: 100,

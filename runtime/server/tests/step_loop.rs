@@ -141,6 +141,7 @@ fn concurrent_requests_give_the_same_tokens_as_alone() {
         max_num_batched_tokens: 32,
         enable_prefix_caching: true,
         max_loras: 4,
+        speculative: None,
     };
     let h = start(dir.path(), 256, cfg, roomy());
     let tok = &h.model_dir().tokenizer;

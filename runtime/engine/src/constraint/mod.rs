@@ -26,7 +26,7 @@ mod state;
 mod vocab;
 
 pub use spec::ConstraintSpec;
-pub use state::GrammarState;
+pub use state::{GrammarState, TokenMask};
 
 use crate::error::{EngineError, Result};
 use crate::tokenizer::Tokenizer;

@@ -3,8 +3,9 @@
 //!
 //! Invariants: the state has seen exactly the sequence's committed output tokens (EOS and stop ids end
 //! the sequence and are not fed); [`GrammarState::mask`] leaves every disallowed logit at `-inf` and
-//! the allowed ones untouched; [`GrammarState::rollback`] undoes the last tokens exactly (a speculative
-//! verifier feeds drafts and takes back the rejected ones); dropping the state releases it (the owner's
+//! the allowed ones untouched; [`GrammarState::rollback`] undoes the last tokens exactly; a speculative
+//! draft is never fed to the state (the verifier commits only accepted tokens, and a draft model's
+//! proposal is masked by [`GrammarState::mask_ahead`] on a copy of the matcher); dropping the state releases it (the owner's
 //! live count goes down), so a cancelled or finished request frees its grammar state with its
 //! `Sequence`. The state lives in the `Sequence`, not beside the KV blocks, so preemption (which frees
 //! blocks and recomputes them) keeps it as it was.
@@ -67,23 +68,21 @@ impl GrammarState {
 
     /// Applies the last computed mask again (to a fresh copy of a row), if there is one.
     pub fn apply_last(&self, logits: &mut [f32]) {
-        let Some(m) = &self.last_mask else {
-            return;
-        };
-        for (chunk, &word) in logits.chunks_mut(32).zip(m.as_slice()) {
-            if word == u32::MAX {
-                continue;
-            }
-            for (i, l) in chunk.iter_mut().enumerate() {
-                if word & (1 << i) == 0 {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
+        if let Some(m) = &self.last_mask {
+            apply(m, logits);
         }
-        // Rows longer than the mask (never for a grammar built for this vocabulary) are disallowed.
-        for l in logits.iter_mut().skip(m.as_slice().len() * 32) {
-            *l = f32::NEG_INFINITY;
+    }
+
+    /// The mask after `drafted` tokens beyond the committed ones, computed on a copy of the matcher,
+    /// so this state never sees a draft (a refused token or a failed mask would leave llguidance's
+    /// matcher in its error state for good). `None` when the grammar refuses a draft, stops within
+    /// them, or the mask fails: the caller then proposes unmasked.
+    pub fn mask_ahead(&self, drafted: &[u32]) -> Option<TokenMask> {
+        let mut m = self.matcher.clone();
+        if m.is_error() || m.try_consume_tokens(drafted).ok()? < drafted.len() || m.is_stopped() {
+            return None;
         }
+        m.compute_mask().ok().map(TokenMask)
     }
 
     /// Whether `token` is allowed next (computes the mask if needed).
@@ -127,5 +126,33 @@ impl GrammarState {
     /// Whether the output so far is a complete sentence of the grammar (EOS would be allowed).
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+/// A mask computed ahead of the committed tokens ([`GrammarState::mask_ahead`]).
+pub struct TokenMask(SimpleVob);
+
+impl TokenMask {
+    /// Sets every logit this mask does not allow to `-inf`.
+    pub fn apply(&self, logits: &mut [f32]) {
+        apply(&self.0, logits);
+    }
+}
+
+/// Sets every logit `m` does not allow to `-inf`, the allowed ones untouched.
+fn apply(m: &SimpleVob, logits: &mut [f32]) {
+    for (chunk, &word) in logits.chunks_mut(32).zip(m.as_slice()) {
+        if word == u32::MAX {
+            continue;
+        }
+        for (i, l) in chunk.iter_mut().enumerate() {
+            if word & (1 << i) == 0 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    // Rows longer than the mask (never for a grammar built for this vocabulary) are disallowed.
+    for l in logits.iter_mut().skip(m.as_slice().len() * 32) {
+        *l = f32::NEG_INFINITY;
     }
 }

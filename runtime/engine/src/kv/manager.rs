@@ -90,6 +90,27 @@ impl<P: BlockPool> KvCacheManager<P> {
         }
     }
 
+    /// Shrinks `req`'s table to cover its first `num_tokens` tokens, freeing the blocks past them, last
+    /// first (speculative decoding's rollback: positions of rejected drafts give their slots back; a
+    /// partly filled last block is kept and its stale slots are overwritten when those positions are
+    /// computed again). Registered blocks are never released this way: they hold computed tokens, and
+    /// callers truncate only past the computed ones.
+    pub fn truncate(&mut self, req: RequestId, num_tokens: usize) {
+        let keep = num_tokens.div_ceil(self.block_size);
+        if let Some(t) = self.tables.get_mut(&req)
+            && t.blocks.len() > keep
+        {
+            debug_assert!(
+                t.num_registered <= keep,
+                "request {req}: truncating registered blocks"
+            );
+            let mut tail = t.blocks.split_off(keep);
+            tail.reverse();
+            self.pool.free(&tail);
+            t.num_registered = t.num_registered.min(keep);
+        }
+    }
+
     /// Requests holding a table.
     pub fn num_tables(&self) -> usize {
         self.tables.len()
@@ -189,6 +210,33 @@ mod tests {
         assert_eq!(m.pool().num_free(), 3);
         // Freed tail first: 3, 1, 0.
         assert_eq!(m.allocate_slots(2, 4, 1).unwrap(), &[2, 3]);
+    }
+
+    #[test]
+    fn truncate_frees_the_tail_past_the_kept_tokens() {
+        let mut m = KvCacheManager::new(PrefixCachingPool::new(6), 4);
+        let hashes = hash_full_blocks(&[1, 2, 3, 4, 5, 6, 7, 8], 4, &HashExtras::scope("t"));
+        // 5 computed tokens + 6 speculative positions: 11 slots, 3 blocks.
+        assert_eq!(m.allocate_slots(1, 0, 11).unwrap(), &[0, 1, 2]);
+        m.cache_full_blocks(1, &hashes[..1]);
+        // Two drafts accepted: 8 valid tokens → 2 blocks; block 2 (drafts only) returns uncached.
+        m.truncate(1, 8);
+        assert_eq!(m.block_table(1), &[0, 1]);
+        let p = m.pool();
+        assert_eq!((p.num_in_use(), p.num_cached(), p.num_free_uncached()), (2, 0, 4));
+        assert_eq!(p.block_hash(2), None);
+        // Keeping more than the table holds, or exactly it, changes nothing.
+        m.truncate(1, 8);
+        m.truncate(1, 20);
+        m.truncate(7, 0);
+        assert_eq!(m.block_table(1), &[0, 1]);
+        // A partly filled block is kept.
+        m.truncate(1, 5);
+        assert_eq!(m.block_table(1), &[0, 1]);
+        m.truncate(1, 4);
+        assert_eq!(m.block_table(1), &[0]);
+        assert_eq!(m.cached_prefix(&hashes), vec![0], "the registered block stays");
+        m.pool().check_invariants();
     }
 
     #[test]

@@ -12,4 +12,4 @@ pub mod sampler;
 
 pub use params::{SamplingParams, ValidSamplingParams};
 pub use processors::TokenHistory;
-pub use sampler::{SampleOutput, TokenLogprob, sample};
+pub use sampler::{SampleOutput, Shaped, TokenLogprob, draw, report, sample, sample_with, shape};

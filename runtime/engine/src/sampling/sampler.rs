@@ -3,6 +3,9 @@
 //! that crosses the threshold) → min-p → one uniform draw. Reports the logprob of the chosen token and
 //! the top alternatives under the final distribution (the one sampled from).
 //!
+//! The steps are public ([`shape`], [`draw`], [`report`]) so speculative verification computes the
+//! target distribution through exactly the same code as ordinary sampling.
+//!
 //! Invariants: exactly one `f64` is drawn from the request's RNG per call, greedy or not, so a seed
 //! gives the same sequence whatever the batch; the draw walks tokens in index order, so the result
 //! does not depend on sort stability; ties in top-k at the k-th value are all kept (as vLLM does).
@@ -30,24 +33,37 @@ pub struct SampleOutput {
     pub top: Vec<TokenLogprob>,
 }
 
-/// Samples from `logits` (already processed; consumed as scratch space).
+/// What [`shape`] made of a row of processed logits: the distribution the request samples from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shaped {
+    /// `temperature == 0`: a point mass on this token (the row is left as it was).
+    Greedy(u32),
+    /// The row now holds the final probabilities (summing to 1, zero outside top-k/top-p/min-p).
+    Probs,
+}
+
+/// Samples from `logits` (already processed; consumed as scratch space), drawing one `f64` from `rng`.
 pub fn sample(logits: &mut [f32], p: &ValidSamplingParams, rng: &mut impl rand::Rng) -> SampleOutput {
     let u: f64 = rng.random();
+    sample_with(logits, p, u)
+}
+
+/// [`sample`] with the uniform draw `u` in [0, 1) given: [`shape`], then [`draw`], then [`report`].
+pub fn sample_with(logits: &mut [f32], p: &ValidSamplingParams, u: f64) -> SampleOutput {
+    let shaped = shape(logits, p);
+    let token = match shaped {
+        Shaped::Greedy(t) => t,
+        Shaped::Probs => draw(logits, u),
+    };
+    report(logits, shaped, token, p.logprobs)
+}
+
+/// Turns processed logits into the distribution the request samples from: greedy (an argmax, decided
+/// before any division) or temperature → top-k → softmax → top-p → min-p → renormalised, in place.
+/// Speculative verification computes the target distribution through this same function.
+pub fn shape(logits: &mut [f32], p: &ValidSamplingParams) -> Shaped {
     if p.temperature == 0.0 {
-        let token = argmax(logits);
-        if p.logprobs.is_none() {
-            // Nobody reads the logprob, so no pass over the vocabulary to normalise it.
-            return SampleOutput {
-                chosen: TokenLogprob {
-                    token,
-                    logprob: f32::NAN,
-                },
-                top: Vec::new(),
-            };
-        }
-        // Greedy's distribution is the processed logits' softmax.
-        softmax_in_place(logits);
-        return output(logits, token, p.logprobs);
+        return Shaped::Greedy(argmax(logits));
     }
     let inv_t = 1.0 / p.temperature;
     logits.iter_mut().for_each(|l| *l *= inv_t);
@@ -68,21 +84,45 @@ pub fn sample(logits: &mut [f32], p: &ValidSamplingParams, rng: &mut impl rand::
     }
     let total: f64 = logits.iter().map(|&x| x as f64).sum();
     logits.iter_mut().for_each(|x| *x = (*x as f64 / total) as f32);
-    let target = u;
+    Shaped::Probs
+}
+
+/// Inverse-CDF draw from `probs` with `u` in [0, 1): walks tokens in index order and returns the first
+/// whose cumulative mass exceeds `u` (the last token with mass when rounding leaves `u` beyond the
+/// total).
+pub fn draw(probs: &[f32], u: f64) -> u32 {
     let mut cum = 0.0f64;
-    let mut token = None;
     let mut last_nonzero = 0;
-    for (i, &x) in logits.iter().enumerate() {
+    for (i, &x) in probs.iter().enumerate() {
         if x > 0.0 {
             last_nonzero = i;
             cum += x as f64;
-            if cum > target {
-                token = Some(i);
-                break;
+            if cum > u {
+                return i as u32;
             }
         }
     }
-    output(logits, token.unwrap_or(last_nonzero) as u32, p.logprobs)
+    last_nonzero as u32
+}
+
+/// The chosen token's logprob and the top alternatives under the shaped distribution (for greedy,
+/// the softmax of the processed logits, computed only when logprobs were asked for).
+pub fn report(logits: &mut [f32], shaped: Shaped, token: u32, logprobs: Option<usize>) -> SampleOutput {
+    if let Shaped::Greedy(_) = shaped {
+        if logprobs.is_none() {
+            // Nobody reads the logprob, so no pass over the vocabulary to normalise it.
+            return SampleOutput {
+                chosen: TokenLogprob {
+                    token,
+                    logprob: f32::NAN,
+                },
+                top: Vec::new(),
+            };
+        }
+        // Greedy's distribution is the processed logits' softmax.
+        softmax_in_place(logits);
+    }
+    output(logits, token, logprobs)
 }
 
 /// Index of the largest logit; the lowest index wins ties; NaN never wins (0 when all are NaN).

@@ -14,6 +14,11 @@
 //! A waiting request that cannot be placed (not enough blocks) is skipped with the rest of its
 //! tenant's queue for this step (its tenant's order is kept); other tenants are still admitted.
 //!
+//! With speculative decoding configured, a running request in decode state may be granted `1 + k`
+//! positions — its last sampled token and `k` drafts — counted in the token budget and allocated like
+//! any grant; `update` verifies them and truncates the table back to the accepted tokens (see
+//! [`spec`](self::spec)).
+//!
 //! Invariants (checked by `check_invariants` in the randomized test):
 //! - every live request is either waiting (in the fair queue, no blocks) or running (a block table
 //!   covering `num_computed` tokens, at most one partly filled block) — never both;
@@ -27,7 +32,10 @@ use super::request::{EventSender, Finished, Request, RequestEvent, Submitted, Ti
 use crate::kv::{BlockHash, BlockPool, HashExtras, KvCacheManager, PrefixCachingPool, RequestId, hash_block};
 use crate::lora::LoraAdapter;
 use crate::model::{Logits, LogitsRows, SeqInput};
-use crate::sequence::Sequence;
+use crate::sequence::{DraftToken, Sequence};
+use crate::spec::draft::DraftKv;
+use crate::spec::gate::AcceptanceGate;
+use crate::spec::{SpecConfig, SpecCounters};
 use crate::stop::FinishReason;
 use crate::tokenizer::Tokenizer;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -46,6 +54,8 @@ pub struct SchedulerConfig {
     /// Most distinct LoRA adapters among running requests, so in any step (`--max-loras`). A waiting
     /// request whose adapter would exceed it waits (skipped with its tenant for the step), never fails.
     pub max_loras: usize,
+    /// Speculative decoding (`--speculative-config`); `None`: off.
+    pub speculative: Option<SpecConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -55,6 +65,7 @@ impl Default for SchedulerConfig {
             max_num_batched_tokens: 512,
             enable_prefix_caching: true,
             max_loras: 4,
+            speculative: None,
         }
     }
 }
@@ -70,6 +81,8 @@ pub struct ScheduledSeq {
     pub len: usize,
     /// Whether this grant reaches its last token (so a token is sampled).
     pub sample: bool,
+    /// Drafted positions among `len` (speculative decoding: `len == 1 + drafts`, all rows scored).
+    pub drafts: usize,
 }
 
 /// What one step computes.
@@ -131,6 +144,19 @@ struct Entry {
     cached_tokens: usize,
     deadline: Option<Instant>,
     timings: Timings,
+    /// Speculative decoding state.
+    spec: SpecState,
+}
+
+/// A request's speculative decoding state.
+#[derive(Default)]
+struct SpecState {
+    /// Its recent acceptance (skips speculation while low).
+    gate: AcceptanceGate,
+    /// This step's drafts, once proposed.
+    drafts: Vec<DraftToken>,
+    /// This step's verification chunk: the last committed token, then the drafts.
+    chunk: Vec<u32>,
 }
 
 impl Entry {
@@ -167,6 +193,10 @@ pub struct Scheduler {
     max_model_len: usize,
     next_seq: u64,
     counters: SchedCounters,
+    /// Speculation counters.
+    spec_counters: SpecCounters,
+    /// The draft model's block tables, when speculating with a draft model.
+    draft_kv: Option<DraftKv>,
 }
 
 impl Scheduler {
@@ -192,6 +222,8 @@ impl Scheduler {
             max_model_len,
             next_seq: 0,
             counters: SchedCounters::default(),
+            spec_counters: SpecCounters::default(),
+            draft_kv: None,
         }
     }
 
@@ -246,6 +278,7 @@ impl Scheduler {
             started: false,
             cached_tokens: 0,
             deadline,
+            spec: SpecState::default(),
             timings: Timings {
                 arrival,
                 first_scheduled: None,
@@ -381,7 +414,11 @@ impl Scheduler {
     fn preempt(&mut self, idx: usize) {
         let id = self.running.remove(idx);
         self.kv.free(id);
+        if let Some(d) = &mut self.draft_kv {
+            d.release(id);
+        }
         let e = self.entries.get_mut(&id).expect("running entry");
+        e.spec.drafts.clear();
         e.running = false;
         e.num_computed = 0;
         e.timings.preemptions += 1;
@@ -396,24 +433,43 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut batch = Batch::default();
         let mut preempted = false;
+        let wants = self.spec_wants();
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
             let e = &self.entries[&id];
             let (start, total) = (e.num_computed, e.tokens.len());
-            let n = (total - start).min(budget);
+            let mut n = (total - start).min(budget);
             if n == 0 {
                 i += 1;
                 continue;
             }
-            if self.kv.allocate_slots(id, start, n).is_ok() {
+            let want = wants.get(&id).copied().unwrap_or_default();
+            if want.pinned && budget < 1 + want.k {
+                // Its drafts must not depend on what else runs: it waits for a step with room.
+                i += 1;
+                continue;
+            }
+            let mut drafts = want.k.min(budget - 1);
+            if drafts > 0 {
+                n = 1 + drafts;
+            }
+            let mut granted = self.kv.allocate_slots(id, start, n).is_ok();
+            if !granted && drafts > 0 && !want.pinned {
+                // No blocks for the drafts: decode plainly rather than preempt someone.
+                (n, drafts) = (1, 0);
+                granted = self.kv.allocate_slots(id, start, 1).is_ok();
+            }
+            if granted {
+                self.set_drafts(id, drafts);
                 let tenant = self.entries[&id].tenant.clone();
                 self.queue.charge(&tenant, n);
                 batch.seqs.push(ScheduledSeq {
                     id,
                     start,
                     len: n,
-                    sample: start + n == total,
+                    sample: start + n >= total,
+                    drafts,
                 });
                 budget -= n;
                 i += 1;
@@ -502,6 +558,7 @@ impl Scheduler {
                 start: computed,
                 len: n,
                 sample: computed + n == total,
+                drafts: 0,
             });
             *budget -= n;
         }
@@ -522,15 +579,17 @@ impl Scheduler {
                         adapters.len() - 1
                     })
                 });
+                let (tokens, logits) = match (s.drafts, s.sample) {
+                    (0, true) => (&e.tokens[s.start..s.start + s.len], LogitsRows::Last),
+                    (0, false) => (&e.tokens[s.start..s.start + s.len], LogitsRows::None),
+                    // A verification chunk: every position's row is checked.
+                    _ => (&e.spec.chunk[..], LogitsRows::All),
+                };
                 SeqInput {
-                    tokens: &e.tokens[s.start..s.start + s.len],
+                    tokens,
                     start_pos: s.start,
                     block_table: self.kv.block_table(s.id),
-                    logits: if s.sample {
-                        LogitsRows::Last
-                    } else {
-                        LogitsRows::None
-                    },
+                    logits,
                     adapter,
                 }
             })
@@ -563,6 +622,10 @@ impl Scheduler {
         let bs = self.kv.block_size();
         let now = Instant::now();
         for (k, s) in batch.seqs.iter().enumerate() {
+            if s.drafts > 0 {
+                self.update_speculative(k, s, logits, tokenizer);
+                continue;
+            }
             let Some(e) = self.entries.get_mut(&s.id) else {
                 continue;
             };
@@ -624,6 +687,9 @@ impl Scheduler {
             self.queue.remove(&e.tenant, e.key);
         }
         self.kv.free(id);
+        if let Some(d) = &mut self.draft_kv {
+            d.release(id);
+        }
         if let Some(d) = e.deadline {
             self.deadlines.remove(&(d, id));
         }
@@ -696,5 +762,8 @@ impl Scheduler {
     }
 }
 
+mod spec;
+#[cfg(test)]
+mod spec_tests;
 #[cfg(test)]
 mod tests;

@@ -2,8 +2,9 @@
 //! [`EngineHandle`] and talk to the loop through a command channel, each request receiving its own
 //! stream of [`RequestEvent`]s.
 //!
-//! Each iteration: take every pending command (new requests, aborts), schedule, run the model on the
-//! batch, sample and send events, publish [`Stats`]. When nothing is waiting or running the loop
+//! Each iteration: take every pending command (new requests, aborts), schedule, let the draft model
+//! propose for speculating requests (when one is attached), run the model on the batch, sample or
+//! verify and send events, publish [`Stats`]. When nothing is waiting or running the loop
 //! sleeps on the channel (waking for the next deadline).
 //!
 //! Invariants: a [`RequestStream`] dropped before its `Finished` event aborts its request, so a client
@@ -22,6 +23,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::kv::{BlockPool, RequestId};
 use crate::model_dir::ModelDir;
+use crate::spec::{SpecCounters, SpecMethod};
 use crate::stop::FinishReason;
 use modelfleet_kernels::Kernels;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -73,6 +75,12 @@ pub struct Stats {
     pub schedule_seconds: f64,
     /// Requests per LoRA adapter in use, sorted by name.
     pub adapters: Vec<AdapterCount>,
+    /// Speculative decoding counters.
+    pub spec: SpecCounters,
+    /// Seconds spent in the draft model's passes.
+    pub draft_seconds: f64,
+    /// Draft-model KV blocks held by live requests.
+    pub draft_blocks_in_use: usize,
 }
 
 impl Stats {
@@ -177,6 +185,15 @@ impl EngineHandle {
                         return;
                     }
                 };
+                let draft_method = cfg.speculative.map(|s| s.method) == Some(SpecMethod::DraftModel);
+                if draft_method && engine.draft_num_kv_blocks().is_none() {
+                    let e = EngineError::InvalidParam {
+                        field: "speculative_config",
+                        message: "speculation with a draft model needs one attached to the engine".into(),
+                    };
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
                 let capacity = engine.num_kv_blocks() * engine.block_size();
                 let _ = ready_tx.send(Ok((engine.model_dir.clone(), engine.max_model_len(), capacity)));
                 let gate = g.clone();
@@ -374,6 +391,9 @@ fn run<K: Kernels>(
         gate.clone(),
     );
     sched.set_finish_hook(hook);
+    if let Some(blocks) = engine.draft_num_kv_blocks() {
+        sched.attach_draft_kv(blocks);
+    }
     let mut local = Stats::default();
     let mut idle = false;
     // The scheduler lives outside the unwinding boundary, so a step that panics leaves it to end every
@@ -453,7 +473,7 @@ fn iteration<K: Kernels>(
         }
     }
     let t0 = Instant::now();
-    let batch = sched.schedule(t0, tok);
+    let mut batch = sched.schedule(t0, tok);
     *idle &= batch.is_empty();
     if batch.is_empty() {
         publish(sched, local, stats);
@@ -464,6 +484,10 @@ fn iteration<K: Kernels>(
         }
         return true;
     }
+    let td = Instant::now();
+    draft(engine, sched, &mut batch);
+    let drafting = td.elapsed().as_secs_f64();
+    local.draft_seconds += drafting;
     let (inputs, adapters) = sched.inputs(&batch);
     let t1 = Instant::now();
     let result = engine.step_lora(&inputs, &adapters);
@@ -478,10 +502,32 @@ fn iteration<K: Kernels>(
     let t2 = Instant::now();
     local.steps += 1;
     local.step_tokens += batch.num_tokens() as u64;
-    local.schedule_seconds += (t1 - t0).as_secs_f64();
+    local.schedule_seconds += (t1 - t0).as_secs_f64() - drafting;
     local.model_seconds += (t2 - t1).as_secs_f64();
     publish(sched, local, stats);
     true
+}
+
+/// Runs the draft model's round for the batch's speculating requests (nothing without a draft model):
+/// one batched pass per draft position; a failed pass drops the round and the requests decode plainly.
+fn draft<K: Kernels>(engine: &mut Engine<K>, sched: &mut Scheduler, batch: &mut super::Batch) {
+    let Some(mut round) = sched.draft_round(batch) else {
+        return;
+    };
+    while !round.is_done() {
+        let result = engine.draft_step(&sched.draft_inputs(&round));
+        match result {
+            Ok(logits) => {
+                sched.draft_absorb(&mut round, &logits);
+                engine.recycle_draft(logits);
+            }
+            Err(_) => {
+                sched.abandon_draft_round(round, batch);
+                return;
+            }
+        }
+    }
+    sched.end_draft_round(Some(round), batch);
 }
 
 /// On running out of work: the step buffers go back to the allocator (they are reused from step to
@@ -508,5 +554,7 @@ fn publish(sched: &Scheduler, local: &mut Stats, out: &Mutex<Stats>) {
     local.kv_slots_unused_peak = local.kv_slots_unused_peak.max(local.kv_slots_unused);
     local.counters = sched.counters();
     local.adapters = sched.adapter_counts();
+    local.spec = sched.spec_counters().clone();
+    local.draft_blocks_in_use = sched.draft_blocks_in_use();
     *out.lock().unwrap_or_else(|e| e.into_inner()) = local.clone();
 }

@@ -107,6 +107,37 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+
+    /// The first difference between this vocabulary and `other`'s — a token with another id, or a
+    /// token special in one and not the other — or `None` when they are the same (a draft model must
+    /// share its target's, id for id).
+    pub fn vocabulary_difference(&self, other: &Tokenizer) -> Option<String> {
+        let (a, b) = (self.inner.get_vocab(true), other.inner.get_vocab(true));
+        if a.len() != b.len() {
+            return Some(format!("{} tokens vs {}", a.len(), b.len()));
+        }
+        let mut tokens: Vec<(&String, &u32)> = a.iter().collect();
+        tokens.sort_by_key(|(_, id)| **id);
+        if let Some((t, id)) = tokens.iter().find(|(t, id)| b.get(*t) != Some(id)) {
+            return Some(format!(
+                "token {t:?} is id {id} in one and {:?} in the other",
+                b.get(*t)
+            ));
+        }
+        let special = |t: &Tokenizer| {
+            let mut ids: Vec<u32> = t
+                .inner
+                .get_added_tokens_decoder()
+                .iter()
+                .filter(|(_, tok)| tok.special)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.sort_unstable();
+            ids
+        };
+        let (sa, sb) = (special(self), special(other));
+        (sa != sb).then(|| format!("special token ids {sa:?} vs {sb:?}"))
+    }
 }
 
 /// The parts of `tokenizer_config.json` the engine uses.

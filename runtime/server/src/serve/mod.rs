@@ -14,6 +14,7 @@ pub mod openapi;
 pub mod params;
 mod prompt;
 mod routes;
+pub mod speculative;
 pub mod state;
 mod structured;
 mod tools;
@@ -200,6 +201,10 @@ pub struct ServeArgs {
     /// Lets the admin API inject faults (`POST /v1/faults/engine-panic`): for tests and chaos drills.
     #[arg(long, env = "MODELFLEET_ENABLE_FAULT_INJECTION", hide = true)]
     pub enable_fault_injection: bool,
+    /// Speculative decoding, as vLLM's JSON: `{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_max": 4}` or `{"model": PATH, "num_speculative_tokens": 3}` (see docs/operations.md).
+    #[arg(long, env = "MODELFLEET_SPECULATIVE_CONFIG")]
+    pub speculative_config: Option<String>,
     /// Where a start-up failure's one-line reason goes (written only if the file exists, as in a pod,
     /// unless the flag is given explicitly).
     #[arg(long, env = "MODELFLEET_TERMINATION_LOG")]
@@ -308,12 +313,33 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     {
         bail!("--adapter-uri-schemes: unknown scheme {bad:?} (use file, http, https, hf)");
     }
+    let spec = args
+        .speculative_config
+        .as_deref()
+        .map(speculative::parse)
+        .transpose()?;
+    if let Some(s) = &spec
+        && let (Some(path), Some(want)) = (&s.draft, &s.draft_digest)
+    {
+        let p = path.clone();
+        let got = tokio::task::spawn_blocking(move || crate::digest::digest_path(&p))
+            .await?
+            .with_context(|| format!("digest of the draft model {}", path.display()))?;
+        if &got != want {
+            bail!(
+                "draft model digest mismatch: {} has {got}, expected {want}",
+                path.display()
+            );
+        }
+    }
     let sched = SchedulerConfig {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
         enable_prefix_caching: !args.no_enable_prefix_caching,
         max_loras,
+        speculative: spec.as_ref().map(|s| s.config),
     };
+    let draft = spec.and_then(|s| s.draft.map(|path| (path, s.config.num_speculative_tokens)));
     let queue = QueueLimits {
         max_queued_requests: args.max_num_queued_reqs,
         max_queued_tokens: args.max_num_queued_tokens,
@@ -344,7 +370,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             kernels = %modelfleet_engine::kernels::Kernels::describe(&kernels),
             "compute kernels chosen"
         );
-        Engine::load_with(md, kernels, &cfg)
+        let mut engine = Engine::load_with(md, kernels, &cfg)?;
+        if let Some((path, k)) = draft {
+            // The draft cache mirrors the target's requests without prefix sharing, plus each
+            // sequence's draft positions.
+            let blocks = engine.num_kv_blocks() + max_num_seqs.max(1) * (k.div_ceil(block_size.max(1)) + 1);
+            engine.attach_draft(ModelDir::open(&path)?, blocks)?;
+        }
+        Ok(engine)
     };
     let engine =
         tokio::task::spawn_blocking(move || EngineHandle::start_with_hook(load, sched, queue, Some(hook)))
@@ -398,8 +431,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         lora_metrics,
     );
     let grammars = structured::grammars(engine.model_dir()).await;
+    let spec_metrics = crate::spec_metrics::SpecMetrics::new(metrics.registry(), &name);
     let st = Arc::new(AppState {
         grammars,
+        spec_metrics,
         adapters: Arc::new(registry),
         adapters_ready: Default::default(),
         engine: Arc::new(engine),

@@ -53,6 +53,8 @@ pub struct AppState {
     pub tenant_queue_share: Option<usize>,
     /// Permits for template rendering and tokenizing on the blocking pool.
     pub prompt_work: super::prompt::PromptWork,
+    /// Speculative decoding counters.
+    pub spec_metrics: crate::spec_metrics::SpecMetrics,
 }
 
 /// Request body bounds (read only after the caller's key was checked).
@@ -129,5 +131,6 @@ impl AppState {
             },
         );
         self.adapters.metrics().refresh(&s.adapters);
+        self.spec_metrics.refresh(&s.spec);
     }
 }

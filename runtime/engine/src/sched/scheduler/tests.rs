@@ -36,6 +36,7 @@ fn harness(max_num_seqs: usize, max_num_batched_tokens: usize, blocks: usize, bs
         max_num_batched_tokens,
         enable_prefix_caching: true,
         max_loras: 4,
+        speculative: None,
     };
     Harness {
         s: Scheduler::new(cfg, blocks, bs, 4096, vec![EOS], gate.clone()),

