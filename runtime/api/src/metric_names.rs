@@ -51,7 +51,8 @@ pub const SPEC_DECODE_DRAFT_TOKENS: &str = "modelfleet_spec_decode_draft_tokens_
 pub const SPEC_DECODE_ACCEPTED_TOKENS: &str = "modelfleet_spec_decode_accepted_tokens_total";
 /// Speculative decoding: drafted tokens accepted by position in their run, 0 = first (counter, `model`,
 /// `position`).
-pub const SPEC_DECODE_ACCEPTED_PER_POSITION: &str = "modelfleet_spec_decode_accepted_tokens_per_position_total";
+pub const SPEC_DECODE_ACCEPTED_PER_POSITION: &str =
+    "modelfleet_spec_decode_accepted_tokens_per_position_total";
 /// vLLM's name for [`SPEC_DECODE_DRAFTS`] (label `model_name`).
 pub const VLLM_SPEC_DECODE_DRAFTS: &str = "vllm:spec_decode_num_drafts_total";
 /// vLLM's name for [`SPEC_DECODE_DRAFT_TOKENS`] (label `model_name`).

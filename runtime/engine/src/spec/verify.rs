@@ -36,8 +36,8 @@ pub enum Rule {
     #[default]
     Exact,
     /// WRONG on purpose: on rejection, draw from `p` instead of `norm(max(0, p − q))`. Only the negative
-    /// controls of the test suite use it; nothing in the server can select it.
-    #[doc(hidden)]
+    /// controls of the test suite use it; nothing in the server can select it (`--speculative-config`
+    /// has no key for it).
     ResampleTarget,
 }
 
