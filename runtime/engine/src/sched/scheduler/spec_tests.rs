@@ -31,7 +31,7 @@ fn next(t: u32, pos: usize) -> u32 {
 
 /// The fake draft model: right except at positions divisible by 5 (and `bad`: only every other time).
 fn draft_next(t: u32, pos: usize, bad: bool) -> u32 {
-    if pos % 5 == 0 || (bad && pos % 2 == 0) {
+    if pos.is_multiple_of(5) || (bad && pos.is_multiple_of(2)) {
         LO + (t + 17) % SPAN
     } else {
         next(t, pos)
