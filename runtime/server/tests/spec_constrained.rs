@@ -12,17 +12,19 @@
 //! Without the grammar mask on each verification row, the verifier would accept or correct to tokens
 //! the grammar refuses (the first such commit fails the request), and greedy equality breaks.
 
+mod common;
+
 use modelfleet_engine::constraint::{CompiledGrammar, ConstraintSpec, GrammarLimits, Grammars};
 use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sched::{
     EngineHandle, Finished, QueueLimits, Request, RequestEvent, RequestStream, SchedulerConfig, TenantLimits,
 };
 use modelfleet_engine::spec::SpecConfig;
+use modelfleet_engine::spec::SpecCounters;
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
 use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
 use serde_json::Value;
-use modelfleet_engine::spec::SpecCounters;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -243,8 +245,16 @@ fn constrained_requests_speculate_exactly_and_stay_valid() {
     };
     let runs = [
         ("ngram", None, any(&SpecConfig::ngram(4, 1, 3))),
-        ("draft: same model", Some(target.path()), any(&SpecConfig::draft_model(3))),
-        ("draft: other weights", Some(other.path()), any(&SpecConfig::draft_model(3))),
+        (
+            "draft: same model",
+            Some(target.path()),
+            any(&SpecConfig::draft_model(3)),
+        ),
+        (
+            "draft: other weights",
+            Some(other.path()),
+            any(&SpecConfig::draft_model(3)),
+        ),
     ];
     for (name, draft, spec) in runs {
         let h = start(target.path(), draft, Some(spec));
@@ -256,7 +266,10 @@ fn constrained_requests_speculate_exactly_and_stay_valid() {
             assert_eq!(alone, off, "{name}: seeded constrained requests, alone");
             assert_eq!(batched, off, "{name}: seeded constrained requests, batched");
         } else {
-            assert_eq!(alone, batched, "{name}: seeded constrained requests, alone vs batched");
+            assert_eq!(
+                alone, batched,
+                "{name}: seeded constrained requests, alone vs batched"
+            );
         }
         assert!(
             spec.draft_tokens > 0 && spec.accepted_tokens > 0,
@@ -268,4 +281,64 @@ fn constrained_requests_speculate_exactly_and_stay_valid() {
         );
     }
     assert_eq!(gs.live_states(), 0, "every grammar state was released");
+}
+
+/// The served path: `serve --speculative-config` with a `response_format` JSON schema over HTTP gives
+/// the content of a server without speculation, valid, and the speculation counters are on the admin
+/// port's `/metrics` (the API port has none).
+#[test]
+fn served_constrained_requests_speculate_and_report_on_the_admin_port() {
+    let spec = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3, "min_acceptance_rate": 0}"#;
+    let on = common::start(&["--speculative-config", spec], |_| vec![]);
+    let off = common::start(&[], |_| vec![]);
+    let body = |i: u32| {
+        serde_json::json!({
+            "model": "tiny",
+            "messages": [{"role": "user", "content": format!(
+                "Give one like {{\"id\":{i},\"tags\":[\"a\",\"bb\"],\"ok\":true}} or {{\"id\":{},\"tags\":[\"ccc\"],\"ok\":false}}",
+                i + 1
+            )}],
+            "temperature": 0,
+            "max_tokens": 64,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "item", "schema": serde_json::from_str::<Value>(SCHEMA).unwrap()
+            }}
+        })
+        .to_string()
+    };
+    let content = |port: u16, i: u32| {
+        let (status, text) = common::http(port, "POST", "/v1/chat/completions", &[], &body(i));
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for i in 0..3 {
+        let got = content(on.port, i);
+        check_instance(&got);
+        assert_eq!(got, content(off.port, i), "request {i}: speculation on vs off");
+    }
+    let (status, metrics) = common::http(on.admin_port, "GET", "/metrics", &[], "");
+    assert_eq!(status, 200);
+    let counter = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in the admin port's /metrics:\n{metrics}"))
+    };
+    let drafted = counter("vllm:spec_decode_num_draft_tokens_total");
+    let accepted = counter("vllm:spec_decode_num_accepted_tokens_total");
+    assert!(
+        drafted > 0.0 && accepted > 0.0,
+        "drafted {drafted}, accepted {accepted}"
+    );
+    assert!(accepted <= drafted);
+    assert_eq!(counter("modelfleet_spec_decode_draft_tokens_total"), drafted);
+    let (status, _) = common::http(on.port, "GET", "/metrics", &[], "");
+    assert_ne!(status, 200, "/metrics is served on the admin port only");
 }

@@ -310,3 +310,64 @@ fn draft_proposals_are_shaped_like_the_target() {
     // The same position gives the same draw.
     assert_eq!(sampled.propose(&distinct, &[5]).token, d.token);
 }
+
+/// A sequence under the regex `ab[0-9]{3}` on the byte-level test tokenizer.
+fn constrained(max_tokens: usize) -> SamplingParams {
+    let t = tokenizer();
+    let gs = crate::constraint::Grammars::new(
+        &t,
+        t.vocab_size(),
+        &[END],
+        crate::constraint::GrammarLimits::default(),
+    )
+    .unwrap();
+    let g = gs
+        .compile(&crate::constraint::ConstraintSpec::Regex("ab[0-9]{3}".into()))
+        .unwrap();
+    SamplingParams {
+        constraint: Some(g),
+        ..SamplingParams::greedy(max_tokens)
+    }
+}
+
+#[test]
+fn constrained_verification_masks_each_row_like_stepping() {
+    let t = tokenizer();
+    let vocab = t.vocab_size();
+    // Unmasked, the rows say "abcdef"; the grammar allows only digits after "ab", so from the third
+    // row on the masked argmax is whatever digit scores highest in that row.
+    let script = ids("abcdef");
+    let rows = scripted_rows(vocab, &script);
+    // Drafts that follow the raw rows: "a", "b" accepted, "c" refused by the grammar (p = 0), the
+    // correction is the masked argmax — exactly what stepping commits.
+    let v = verify_against_steps(constrained(50), &rows, &script[..4]);
+    assert_eq!((v.accepted, v.events.len()), (2, 3));
+    let third = t.decode(&[v.events[2].token], false).unwrap();
+    assert!(third.chars().all(|c| c.is_ascii_digit()), "{third:?}");
+    // Drafts that follow the grammar: all accepted, and the grammar completes inside the run.
+    let mut plain = Sequence::new(&[1, 2], constrained(50).validate(vocab).unwrap(), &[END], 1000);
+    let want: Vec<u32> = (0..5)
+        .map(|i| plain.step(&t, &rows[i * vocab..(i + 1) * vocab]).unwrap().token)
+        .collect();
+    assert_eq!(plain.finished(), Some(FinishReason::Stop), "the grammar ends it");
+    let v = verify_against_steps(constrained(50), &rows, &want);
+    assert_eq!(v.events.iter().map(|e| e.token).collect::<Vec<_>>(), want);
+    assert_eq!(v.events[4].finish, Some(FinishReason::Stop));
+    assert_eq!(v.error, None);
+}
+
+#[test]
+fn draft_proposals_for_constrained_requests_are_masked_and_leave_the_grammar_alone() {
+    let t = tokenizer();
+    let vocab = t.vocab_size();
+    let mut s = Sequence::new(&[1, 2], constrained(50).validate(vocab).unwrap(), &[END], 1000);
+    let rows = scripted_rows(vocab, &ids("abc"));
+    // After drafts "ab", the draft model's favourite "c" is masked: the proposal is a digit.
+    let d = s.propose(&rows[2 * vocab..], &ids("ab"));
+    let text = t.decode(&[d.token], false).unwrap();
+    assert!(text.chars().all(|c| c.is_ascii_digit()), "{text:?}");
+    // A draft the grammar refuses leaves the proposal unmasked (still exact: the verifier masks p).
+    assert_eq!(s.propose(&rows[2 * vocab..], &ids("xb")).token, ids("c")[0]);
+    // The committed state never saw a draft: stepping still starts at "a".
+    assert_eq!(s.step(&t, &rows[..vocab]).unwrap().token, ids("a")[0]);
+}
