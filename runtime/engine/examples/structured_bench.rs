@@ -210,6 +210,7 @@ fn main() -> Result<(), Error> {
         max_num_batched_tokens: 512,
         enable_prefix_caching: false,
         max_loras: 1,
+        speculative: None,
     };
     let limits = QueueLimits {
         max_queued_requests: 10_000,
