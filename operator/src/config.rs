@@ -50,6 +50,35 @@ impl CacheNamespaces {
             CacheNamespaces::All => true,
         }
     }
+/// Where the fleet gateway's pods are: their pending requests scale deployments from zero.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayPods {
+    /// Namespace of the gateway's pods.
+    pub namespace: String,
+    /// Label selector of the gateway's pods.
+    pub selector: String,
+    /// Port of their `/metrics`.
+    pub metrics_port: u16,
+}
+
+impl Default for GatewayPods {
+    fn default() -> Self {
+        GatewayPods {
+            namespace: "modelfleet-system".into(),
+            selector: "app.kubernetes.io/name=modelfleet-gateway".into(),
+            metrics_port: 8081,
+        }
+    }
+}
+
+/// Which ModelDeployments must not claim one served name (they would be behind one gateway).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ServedNameScope {
+    /// Any two the operator sees (one gateway serves them all).
+    #[default]
+    Cluster,
+    /// Two in one namespace (a gateway per namespace).
+    Namespace,
 }
 
 /// Settings every builder reads.
@@ -76,6 +105,10 @@ pub struct OperatorConfig {
     /// Directories under which runtime pods may read `file://` adapters (`--adapter-file-roots`). The
     /// cluster admin's choice, never a namespace user's: empty means no `file://` adapters at all.
     pub adapter_file_roots: Vec<String>,
+    /// The fleet gateway's pods.
+    pub gateway: GatewayPods,
+    /// Where a served name must be unique.
+    pub served_name_scope: ServedNameScope,
 }
 
 impl Default for OperatorConfig {
@@ -90,6 +123,8 @@ impl Default for OperatorConfig {
             pre_stop_seconds: 5,
             run_as_user: 65532,
             adapter_file_roots: Vec::new(),
+            gateway: GatewayPods::default(),
+            served_name_scope: ServedNameScope::Cluster,
         }
     }
 }

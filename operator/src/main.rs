@@ -5,7 +5,9 @@
 //!   `modelfleet-crds`.
 
 use clap::{Args, Parser, Subcommand};
-use modelfleet_operator::config::{CacheNamespaces, ModelCache, OperatorConfig, quantity_bytes};
+use modelfleet_operator::config::{
+    CacheNamespaces, GatewayPods, ModelCache, OperatorConfig, ServedNameScope, quantity_bytes,
+};
 use modelfleet_operator::scope::Scope;
 use modelfleet_operator::telemetry::{Metrics, init_tracing, router};
 use std::io::Write;
@@ -98,6 +100,24 @@ struct RunArgs {
     /// Name of the leader Lease.
     #[arg(long, env = "MODELFLEET_LEASE_NAME", default_value = "modelfleet-operator")]
     lease_name: String,
+    /// Namespace of the fleet gateway's pods, whose pending requests scale deployments from zero
+    /// (default: the operator's own namespace).
+    #[arg(long, env = "MODELFLEET_GATEWAY_NAMESPACE")]
+    gateway_namespace: Option<String>,
+    /// Label selector of the fleet gateway's pods.
+    #[arg(
+        long,
+        env = "MODELFLEET_GATEWAY_SELECTOR",
+        default_value = "app.kubernetes.io/name=modelfleet-gateway"
+    )]
+    gateway_selector: String,
+    /// Port of the fleet gateway pods' `/metrics`.
+    #[arg(long, env = "MODELFLEET_GATEWAY_METRICS_PORT", default_value_t = 8081)]
+    gateway_metrics_port: u16,
+    /// Where a served name must be unique: `cluster` (one gateway for every namespace) or `namespace`
+    /// (a gateway per namespace). Deployments sharing a name within it get `ServedNameConflict`.
+    #[arg(long, env = "MODELFLEET_SERVED_NAME_SCOPE", value_enum, default_value_t = ServedNameScope::Cluster)]
+    served_name_scope: ServedNameScope,
     /// This replica's identity in the Lease (default: $POD_NAME).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -167,6 +187,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .map(|r| r.trim().to_string())
             .filter(|r| !r.is_empty())
             .collect(),
+        gateway: GatewayPods {
+            namespace: args
+                .gateway_namespace
+                .unwrap_or_else(|| args.lease_namespace.clone()),
+            selector: args.gateway_selector,
+            metrics_port: args.gateway_metrics_port,
+        },
+        served_name_scope: args.served_name_scope,
     };
     let identity = args
         .identity

@@ -2,7 +2,7 @@
 //! pods, the referenced Secret, the autoscaler's verdict) and the previous status.
 //!
 //! Invariants: conditions follow kstatus (`Ready`, `Reconciling`, `Stalled`) plus `DigestVerified`,
-//! `ScalingActive`, `Degraded`; a condition's `lastTransitionTime` changes only when its status does, so a
+//! `ScalingActive`, `Degraded`, `ServedNameConflict`; a condition's `lastTransitionTime` changes only when its status does, so a
 //! pass over an unchanged world produces a byte-identical status (no write, no event).
 
 use crate::labels::{DIGEST_ANNOTATION, FETCH_CONTAINER};
@@ -56,6 +56,8 @@ pub struct Observed<'a> {
     /// A same-named object this ModelDeployment does not control (the `NameConflict` message): the
     /// pass applied nothing.
     pub conflict: Option<String>,
+    /// Served names another deployment behind the same gateway claims too (the condition's message).
+    pub served_name_conflict: Option<String>,
 }
 
 /// The verdict of the fetch init containers of pods made for the current digest.
@@ -214,6 +216,15 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
     let ready_message = format!("{ready}/{} replicas ready", obs.desired);
     let ready_condition = if rolled_out && obs.desired > 0 {
         condition(READY, true, "Ready", ready_message.clone(), g)
+    } else if rolled_out && stall.is_none() {
+        // `minReplicas: 0` and idle: nothing to wait for; the gateway wakes it on the next request.
+        condition(
+            READY,
+            true,
+            "ScaledToZero",
+            "0 replicas: scaled to zero; a request through the gateway scales it back up".into(),
+            g,
+        )
     } else if let Some((reason, _)) = &stall {
         condition(READY, false, reason, ready_message.clone(), g)
     } else if obs.deployment.is_none() {
@@ -258,6 +269,10 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
         obs.scaling.message.clone(),
         g,
     );
+    let conflict_condition = match &obs.served_name_conflict {
+        Some(message) => condition(SERVED_NAME_CONFLICT, true, "ServedNameConflict", message.clone(), g),
+        None => condition(SERVED_NAME_CONFLICT, false, "Unique", String::new(), g),
+    };
     vec![
         ready_condition,
         reconciling_condition,
@@ -265,6 +280,7 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
         digest_condition,
         scaling_condition,
         degraded_condition,
+        conflict_condition,
     ]
 }
 
@@ -330,6 +346,7 @@ mod tests {
                 message: String::new(),
             },
             conflict: None,
+            served_name_conflict: None,
         }
     }
 
@@ -399,6 +416,18 @@ mod tests {
         assert_eq!(get(&cs, READY), ("False", "DigestMismatch"));
         assert_eq!(get(&cs, RECONCILING), ("False", "Idle"));
         assert_eq!(get(&cs, DEGRADED), ("True", "NewRevisionFailing"));
+    }
+
+    #[test]
+    fn scaled_to_zero_is_ready_not_progressing() {
+        let dep = deployment(0, 0, 0, 0);
+        let cs = conditions(&obs(Some(&dep), &[], 0));
+        assert_eq!(get(&cs, READY), ("True", "ScaledToZero"));
+        assert_eq!(get(&cs, RECONCILING), ("False", "Idle"));
+        assert_eq!(get(&cs, DEGRADED), ("False", "AsDesired"));
+        // Pods still terminating: not yet.
+        let dep = deployment(0, 1, 1, 1);
+        assert_eq!(get(&conditions(&obs(Some(&dep), &[], 0)), READY), ("False", "Progressing"));
     }
 
     #[test]

@@ -26,3 +26,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{- define "modelfleet.gatewayLabels" -}}
+app.kubernetes.io/name: modelfleet-gateway
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "modelfleet.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: modelfleet-gateway
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}

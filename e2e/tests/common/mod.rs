@@ -135,6 +135,28 @@ pub async fn prometheus_query(query: &str) -> Vec<serde_json::Value> {
     resp["data"]["result"].as_array().cloned().unwrap_or_default()
 }
 
+/// The fleet gateway's address on loopback (from `e2e/cluster env`).
+pub fn gateway_url() -> String {
+    std::env::var("MF_GATEWAY_URL").expect("MF_GATEWAY_URL (from e2e/cluster env)")
+}
+
+/// Chart values that run the gateway as the local cluster needs it: one replica, host network, the
+/// ports `e2e/cluster env` names.
+pub fn gateway_values() -> Vec<String> {
+    let port = std::env::var("MF_GATEWAY_PORT").unwrap_or_else(|_| "8080".into());
+    let metrics = std::env::var("MF_GATEWAY_METRICS_PORT").unwrap_or_else(|_| "8081".into());
+    [
+        "gateway.image.tag=dev".to_string(),
+        "gateway.hostNetwork=true".into(),
+        "gateway.replicas=1".into(),
+        format!("gateway.port={port}"),
+        format!("gateway.metricsPort={metrics}"),
+    ]
+    .into_iter()
+    .flat_map(|v| ["--set".to_string(), v])
+    .collect()
+}
+
 /// The namespace the chart installs the operator into.
 pub const OPERATOR_NS: &str = "modelfleet-system";
 
@@ -178,6 +200,8 @@ pub async fn ensure_operator() {
                     "runtimeImage=modelfleet/runtime:dev",
                 ])
                 .args(["--set", &format!("modelCache.hostPath={}", cache.display())])
+                // The fleet gateway: one replica on the node's network, at MF_GATEWAY_URL.
+                .args(gateway_values())
                 // `file://` LoRA adapters may come from the scenarios' artifacts (lora.rs).
                 .args([
                     "--set",
@@ -197,6 +221,11 @@ pub async fn ensure_operator() {
             *done = true;
         }
     }
+    wait_until("the fleet gateway to be ready", Duration::from_secs(60), || async {
+        let r = http().get(format!("{}/ready", gateway_url())).send().await.ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await;
     let leases: Api<Lease> = Api::namespaced(client().await, OPERATOR_NS);
     wait_until(
         "an operator replica to hold the leader lease",

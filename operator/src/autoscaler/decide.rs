@@ -1,7 +1,8 @@
 //! Autoscaling arithmetic, pure and table-tested.
 //!
 //! Recommendation = max(ceil(total waiting / target per replica), ceil(replicas × mean KV / target KV)),
-//! clamped to [min, max] and to at most double the current count. A recommendation above the current count
+//! clamped to [max(min, 1), max] and to at most double the current count (scaling to and from zero is
+//! `controller/zero.rs`'s, on the gateway's demand). A recommendation above the current count
 //! must hold for the scale-up window (the count then goes to the lowest recommendation seen in it); one
 //! below must hold for the scale-down window (the count goes to the highest seen) — the semantics of
 //! HPA's stabilization windows, kept as O(1) state ([`AutoscalerState`]).
@@ -40,8 +41,11 @@ pub fn recommend(sample: &Sample, spec: &AutoscalingSpec, current: i32) -> (i32,
     let by_kv =
         (f64::from(sample.replicas) * sample.kv_mean / spec.target_kv_cache_utilization).ceil() as i32;
     let raw = by_queue.max(by_kv);
+    // Never below 1 here: a deployment with `minReplicas: 0` reaches 0 only through its idle window
+    // (controller/zero.rs), not because one sample looked idle.
+    let floor = spec.min_replicas.max(1);
     let ceiling = spec.max_replicas.min((current.max(1)).saturating_mul(2));
-    let clamped = raw.clamp(spec.min_replicas, ceiling.max(spec.min_replicas));
+    let clamped = raw.clamp(floor, ceiling.max(floor));
     let why = format!(
         "queue {} / target {} per replica -> {by_queue}; KV {:.0}% over {} replicas / target {:.0}% -> {by_kv}",
         sample.waiting,
@@ -83,7 +87,7 @@ pub fn decide(
             replicas: current,
             state: AutoscalerState {
                 scale_up: state.scale_up.clone(),
-                scale_down: None,
+                ..Default::default()
             },
             reason: "metrics unavailable; holding".into(),
         };
@@ -108,7 +112,7 @@ pub fn decide(
             replicas: current,
             state: AutoscalerState {
                 scale_up: Some(candidate),
-                scale_down: None,
+                ..Default::default()
             },
             reason: format!("scale-up pending: {why}"),
         }
@@ -129,8 +133,8 @@ pub fn decide(
         Decision {
             replicas: current,
             state: AutoscalerState {
-                scale_up: None,
                 scale_down: Some(candidate),
+                ..Default::default()
             },
             reason: format!("scale-down pending: {why}"),
         }

@@ -8,13 +8,18 @@
 //! (each pass also starts the adapter sweep, [`sweep`]).
 //!
 //! A pass applies nothing when a same-named object is not this ModelDeployment's ([`ownership`]):
-//! status then says `Stalled`/`NameConflict`, and the pass comes back every 30 s.
+//! status then says `Stalled`/`NameConflict`, and the pass comes back every 30 s. Two deployments
+//! claiming one served name both get `ServedNameConflict` ([`served_names`], seen across partitions
+//! through [`peers`]); the pass looks again every 10 s until it clears.
 
 mod apply;
 pub(crate) mod events;
 pub mod ownership;
+pub mod peers;
 mod scale;
+mod served_names;
 pub mod sweep;
+mod zero;
 
 use crate::Error;
 use crate::builders;
@@ -30,7 +35,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Client, ResourceExt};
 use modelfleet_crds::model_deployment::{AutoscalingMode, ModelDeploymentStatus};
@@ -56,6 +61,8 @@ pub struct Context {
     pub last_sample: Mutex<HashMap<String, scale::Memory>>,
     /// Starts the adapter sweeps.
     pub sweeper: sweep::Sweeper,
+    /// Every ModelDeployment and LoraAdapter in scope (served-name conflicts).
+    pub peers: peers::Peers,
 }
 
 /// How often the built-in autoscaler reads metrics.
@@ -64,6 +71,9 @@ pub const AUTOSCALE_INTERVAL: Duration = Duration::from_secs(3);
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(60);
 /// How often a pass stopped by a `NameConflict` looks again.
 pub const CONFLICT_RETRY: Duration = Duration::from_secs(30);
+/// How often a deployment in a served-name conflict looks again (the peer going away announces
+/// nothing to this deployment).
+pub const CONFLICT_RECHECK: Duration = Duration::from_secs(10);
 
 /// Runs the controller until a shutdown signal, with one set of watches per partition of `scope`.
 pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, identity: &str, scope: &Scope) {
@@ -72,6 +82,7 @@ pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, ide
         controller: "modelfleet-operator".into(),
         instance: Some(identity.into()),
     };
+    let (peers, feeds) = peers::Peers::new(scope.partitions());
     let ctx = Arc::new(Context {
         client: client.clone(),
         cfg,
@@ -80,25 +91,32 @@ pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, ide
         recorder: Recorder::new(client.clone(), reporter),
         last_sample: Mutex::new(HashMap::new()),
         sweeper: sweep::Sweeper::new(crate::lora::admin::http_client()),
+        peers,
     });
-    let runs = scope
-        .partitions()
+    let runs = feeds
         .into_iter()
-        .map(|partition| run_in(client.clone(), ctx.clone(), partition));
+        .map(|feeds| run_in(client.clone(), ctx.clone(), feeds));
     futures::future::join_all(runs).await;
 }
 
 /// The controller over one partition of the scope (every namespace, or one).
-async fn run_in(client: Client, ctx: Arc<Context>, partition: Option<String>) {
+async fn run_in(client: Client, ctx: Arc<Context>, feeds: peers::Feeds) {
+    let partition = feeds.partition;
     let mds: Api<ModelDeployment> = scope::api(client.clone(), &partition);
-    let (reader, writer) = reflector::store();
     let trigger = watcher(mds, watcher::Config::default().any_semantic())
         .default_backoff()
-        .reflect(writer)
+        .reflect(feeds.mds)
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
+    let adapters = watcher(
+        scope::api::<LoraAdapter>(client.clone(), &partition),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(feeds.adapters)
+    .touched_objects();
     let pods_cfg = watcher::Config::default().labels(&format!("app.kubernetes.io/name={APP_NAME}"));
-    Controller::for_stream(trigger, reader)
+    Controller::for_stream(trigger, feeds.mds_reader)
         .owns(
             scope::api::<Deployment>(client.clone(), &partition),
             watcher::Config::default(),
@@ -111,14 +129,11 @@ async fn run_in(client: Client, ctx: Arc<Context>, partition: Option<String>) {
                 Some(ObjectRef::<ModelDeployment>::new(&md).within(&pod.namespace()?))
             },
         )
-        .watches(
-            scope::api::<LoraAdapter>(client, &partition),
-            watcher::Config::default(),
-            |a: LoraAdapter| {
-                let md = &a.spec.model_deployment_ref.name;
-                Some(ObjectRef::<ModelDeployment>::new(md).within(&a.namespace()?))
-            },
-        )
+        .watches_stream(adapters, |a: LoraAdapter| {
+            let md = &a.spec.model_deployment_ref.name;
+            Some(ObjectRef::<ModelDeployment>::new(md).within(&a.namespace()?))
+        })
+        .reconcile_on(feeds.woken)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -190,6 +205,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
     // Apply nothing over an object this ModelDeployment does not control; else decide the replica
     // count, apply everything the operator owns, and sweep stray adapters off the ready pods.
     let conflict = ownership::conflict(&md, &owned);
+    let clashes = ctx.peers.clashes(&md, ctx.cfg.served_name_scope);
     let (scaled, deployment) = if conflict.is_some() {
         (scale::unchanged(&md), None)
     } else {
@@ -229,6 +245,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         tenants,
         scaling: scaled.scaling.clone(),
         conflict: conflict.clone(),
+        served_name_conflict: served_names::message(&clashes),
     };
     let dep_status = deployment
         .as_ref()
@@ -264,12 +281,17 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         .autoscaling
         .as_ref()
         .is_some_and(|a| a.mode == AutoscalingMode::Builtin);
-    Ok(Action::requeue(if conflict.is_some() {
+    let every = if conflict.is_some() {
         CONFLICT_RETRY
     } else if builtin {
         AUTOSCALE_INTERVAL
     } else {
         RESYNC_INTERVAL
+    };
+    Ok(Action::requeue(if clashes.is_empty() {
+        every
+    } else {
+        every.min(CONFLICT_RECHECK)
     }))
 }
 

@@ -8,7 +8,7 @@
 //! rewrite status on every tick. A new leader resumes the candidates from status with their windows
 //! restarted, which can delay a scale-down or scale-up by one window but never makes one premature.
 
-use super::{AUTOSCALE_INTERVAL, Context};
+use super::{AUTOSCALE_INTERVAL, Context, zero};
 use crate::autoscaler::decide::{Sample, decide};
 use crate::autoscaler::metrics::{aggregate, query_prometheus, scrape_direct};
 use crate::labels::METRICS_PORT;
@@ -36,6 +36,9 @@ pub struct Memory {
     pub sampled: Instant,
     /// The authoritative stabilization-window state.
     pub state: AutoscalerState,
+    /// The gateway's request counter for this deployment at the last reading (`minReplicas: 0` only):
+    /// unchanged means nothing arrived.
+    pub gateway_requests: Option<f64>,
 }
 
 /// The outcome of the replica decision, with the status fields it owns.
@@ -145,26 +148,65 @@ pub async fn replicas(
         {
             return hold;
         }
+        let gateway_requests = remembered.as_ref().and_then(|m| m.gateway_requests);
         let state = remembered.map_or_else(|| restart_windows(prev.autoscaler.clone(), now), |m| m.state);
         last.insert(
             key.clone(),
             Memory {
                 sampled: Instant::now(),
                 state: state.clone(),
+                gateway_requests,
             },
         );
         state
     };
 
-    let sample = read_sample(md, &spec, pods, ctx).await;
-    let decision = decide(&spec, &state, current, sample.as_ref().ok(), now);
-    let scaling = match &sample {
-        Ok(s) => Scaling {
+    // With `minReplicas: 0`, the gateway's demand decides going to and from zero (zero.rs).
+    let to_zero = spec.min_replicas == 0;
+    let demand = if to_zero {
+        let ns = md.namespace().unwrap_or_default();
+        Some(zero::demand(ctx, &ns, &md.name_any()).await)
+    } else {
+        None
+    };
+    let demand_ok = demand.as_ref().and_then(|d| d.as_ref().ok());
+    let (sample, decision) = if to_zero && current == 0 {
+        (Err("scaled to zero".to_string()), zero::from_zero(demand_ok))
+    } else {
+        let sample = read_sample(md, &spec, pods, ctx).await;
+        let mut decision = decide(&spec, &state, current, sample.as_ref().ok(), now);
+        if to_zero {
+            let previous = ctx.last_sample.lock().unwrap().get(&key).and_then(|m| m.gateway_requests);
+            let idle = zero::is_idle(sample.as_ref().ok(), demand_ok, previous);
+            zero::apply_idle_window(&mut decision, &spec, &state, idle, now);
+        }
+        (sample, decision)
+    };
+    if let Some(d) = demand_ok
+        && let Some(m) = ctx.last_sample.lock().unwrap().get_mut(&key)
+    {
+        m.gateway_requests = Some(d.requests);
+    }
+    let scaling = match (&sample, &demand) {
+        (Ok(s), _) => Scaling {
             active: true,
             reason: "MetricsAvailable".into(),
             message: format!("reading metrics of {} ready replicas", s.replicas),
         },
-        Err(e) => Scaling {
+        (Err(_), Some(Ok(d))) if current == 0 => Scaling {
+            active: true,
+            reason: "ScaledToZero".into(),
+            message: format!(
+                "0 replicas; {} gateway pods report {} pending requests",
+                d.gateways, d.pending
+            ),
+        },
+        (Err(_), Some(Err(e))) if current == 0 => Scaling {
+            active: false,
+            reason: "GatewayMetricsUnavailable".into(),
+            message: e.chars().take(1000).collect(),
+        },
+        (Err(e), _) => Scaling {
             active: false,
             reason: "MetricsUnavailable".into(),
             message: e.clone(),
@@ -241,6 +283,9 @@ fn restart_windows(persisted: Option<AutoscalerState>, now: Timestamp) -> Autosc
     let mut state = persisted.unwrap_or_default();
     for c in [&mut state.scale_up, &mut state.scale_down].into_iter().flatten() {
         c.since = Time(now);
+    }
+    if state.idle_since.is_some() {
+        state.idle_since = Some(Time(now));
     }
     state
 }

@@ -47,6 +47,7 @@ fn context(client: Client) -> Arc<Context> {
         recorder: Recorder::new(client, reporter),
         last_sample: Mutex::new(HashMap::new()),
         sweeper: super::sweep::Sweeper::new(crate::autoscaler::metrics::http_client()),
+        peers: super::peers::Peers::empty(),
     })
 }
 
