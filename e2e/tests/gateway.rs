@@ -49,7 +49,14 @@ fn runtime(args: &[&str]) -> String {
 fn tiny_model(ns: &str) -> (PathBuf, String) {
     let dir = cluster_dir().join("artifacts").join(ns).join("model");
     let _ = std::fs::remove_dir_all(&dir);
-    runtime(&["gen-model", dir.to_str().unwrap(), "--shape", "tiny", "--seed", "11"]);
+    runtime(&[
+        "gen-model",
+        dir.to_str().unwrap(),
+        "--shape",
+        "tiny",
+        "--seed",
+        "11",
+    ]);
     let d = runtime(&["digest", dir.to_str().unwrap()]).trim().to_string();
     (dir, d)
 }
@@ -68,10 +75,10 @@ async fn chat(
     prompt: &str,
     max_tokens: u32,
 ) -> Result<(u16, String, Value), String> {
-    let mut req = http
-        .post(format!("{}/v1/chat/completions", gateway_url()))
-        .json(&json!({"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0}));
+    let mut req = http.post(format!("{}/v1/chat/completions", gateway_url())).json(
+        &json!({"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "temperature": 0}),
+    );
     if let Some(k) = key {
         req = req.bearer_auth(k);
     }
@@ -152,9 +159,11 @@ async fn scale_from_zero_through_the_gateway_and_back_to_zero() {
     // Nothing asked for it yet: it rests at zero, and that is Ready.
     wait_scaled_to_zero(&mds, &pods, "zero", Duration::from_secs(60)).await;
     // The gateway knows the model (it lists it) though no pod exists.
-    wait_until("the gateway to list the model", Duration::from_secs(30), || async {
-        models(None).await?.contains(&served).then_some(())
-    })
+    wait_until(
+        "the gateway to list the model",
+        Duration::from_secs(30),
+        || async { models(None).await?.contains(&served).then_some(()) },
+    )
     .await;
 
     // One request: it waits at the gateway while the operator scales 0 → 1, then is answered.
@@ -164,7 +173,10 @@ async fn scale_from_zero_through_the_gateway_and_back_to_zero() {
         .expect("the gateway answers");
     let cold = t0.elapsed();
     assert_eq!(status, 200, "{body}");
-    assert!(pod.starts_with("zero-"), "x-modelfleet-pod names the pod: {pod:?}");
+    assert!(
+        pod.starts_with("zero-"),
+        "x-modelfleet-pod names the pod: {pod:?}"
+    );
     eprintln!("scale from zero: answered after {cold:?} (cold start through the gateway)");
     let md_now = mds.get("zero").await.unwrap();
     assert_eq!(md_now.status.unwrap().desired_replicas, Some(1));
@@ -180,7 +192,8 @@ async fn scale_from_zero_through_the_gateway_and_back_to_zero() {
         .map(|d| d.reason.clone())
         .collect();
     assert!(
-        reasons.iter().any(|r| r.contains("scale from zero")) && reasons.iter().any(|r| r.contains("scale to zero")),
+        reasons.iter().any(|r| r.contains("scale from zero"))
+            && reasons.iter().any(|r| r.contains("scale to zero")),
         "{reasons:?}"
     );
 }
@@ -201,7 +214,8 @@ impl Load {
         let failures: Arc<Mutex<Vec<String>>> = Arc::default();
         let tasks = (0..workers)
             .map(|w| {
-                let (stop, ok, failures, model) = (stop.clone(), ok.clone(), failures.clone(), model.to_string());
+                let (stop, ok, failures, model) =
+                    (stop.clone(), ok.clone(), failures.clone(), model.to_string());
                 tokio::spawn(async move {
                     let http = gateway(Duration::from_secs(60));
                     let mut i = 0u64;
@@ -211,7 +225,9 @@ impl Load {
                             Ok((200, _, _)) => {
                                 ok.fetch_add(1, Ordering::Relaxed);
                             }
-                            Ok((s, pod, body)) => failures.lock().unwrap().push(format!("{s} from {pod}: {body}")),
+                            Ok((s, pod, body)) => {
+                                failures.lock().unwrap().push(format!("{s} from {pod}: {body}"))
+                            }
                             Err(e) => failures.lock().unwrap().push(e),
                         }
                     }
@@ -231,7 +247,10 @@ impl Load {
         for t in self.tasks {
             t.await.unwrap();
         }
-        (self.ok.load(Ordering::Relaxed), self.failures.lock().unwrap().clone())
+        (
+            self.ok.load(Ordering::Relaxed),
+            self.failures.lock().unwrap().clone(),
+        )
     }
 }
 
@@ -257,20 +276,24 @@ async fn unique_prompts_spread_and_rollouts_and_scale_downs_lose_nothing() {
     wait_until("Ready with 3 replicas", Duration::from_secs(180), || async {
         let md = mds.get("roll").await.ok()?;
         let ready = md.status.as_ref()?.ready_replicas;
-        (condition(&md, "Ready")?.0 == "True" && ready == Some(3)).then_some(())
+        (condition(&md, "Ready")?.0 == "True" && ready == 3).then_some(())
     })
     .await;
     // The gateway routes to all three.
-    wait_until("the gateway to route to 3 pods", Duration::from_secs(30), || async {
-        let http = gateway(Duration::from_secs(30));
-        let mut seen = std::collections::BTreeSet::new();
-        for i in 0..24 {
-            if let Ok((200, pod, _)) = chat(&http, None, &served, &format!("probe {i}"), 1).await {
-                seen.insert(pod);
+    wait_until(
+        "the gateway to route to 3 pods",
+        Duration::from_secs(30),
+        || async {
+            let http = gateway(Duration::from_secs(30));
+            let mut seen = std::collections::BTreeSet::new();
+            for i in 0..24 {
+                if let Ok((200, pod, _)) = chat(&http, None, &served, &format!("probe {i}"), 1).await {
+                    seen.insert(pod);
+                }
             }
-        }
-        (seen.len() == 3).then_some(())
-    })
+            (seen.len() == 3).then_some(())
+        },
+    )
     .await;
 
     // Balance: 256 unique prompts, 16 at a time.
@@ -301,14 +324,24 @@ async fn unique_prompts_spread_and_rollouts_and_scale_downs_lose_nothing() {
     eprintln!("unique prompts per pod: {counts:?}");
     assert_eq!(counts.len(), 3, "every pod served: {counts:?}");
     let (max, min) = (*counts.values().max().unwrap(), *counts.values().min().unwrap());
-    assert!(max as f64 <= 1.5 * min as f64, "busiest {max} ≤ 1.5 × least busy {min}: {counts:?}");
+    assert!(
+        max as f64 <= 1.5 * min as f64,
+        "busiest {max} ≤ 1.5 × least busy {min}: {counts:?}"
+    );
 
     // Rollout restart under steady load (8 clients).
     let load = Load::start(&served, 8);
     tokio::time::sleep(Duration::from_secs(3)).await;
     kubectl_ok(&["rollout", "restart", "-n", &ns.name, "deployment/roll"], None);
     kubectl_ok(
-        &["rollout", "status", "-n", &ns.name, "deployment/roll", "--timeout=240s"],
+        &[
+            "rollout",
+            "status",
+            "-n",
+            &ns.name,
+            "deployment/roll",
+            "--timeout=240s",
+        ],
         None,
     );
     wait_until("the old pods to be gone", Duration::from_secs(120), || async {
@@ -331,7 +364,10 @@ async fn unique_prompts_spread_and_rollouts_and_scale_downs_lose_nothing() {
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (ok, failures) = load.stop().await;
-    eprintln!("rollout + scale-down under load: {ok} answered, {} failed", failures.len());
+    eprintln!(
+        "rollout + scale-down under load: {ok} answered, {} failed",
+        failures.len()
+    );
     assert!(ok > 20, "the load ran: {ok} answers");
     assert!(failures.is_empty(), "no client request failed: {failures:?}");
 }
@@ -350,7 +386,9 @@ fn tenants_secret(ns: &str, key_a: &str) -> String {
 /// Sends a request head announcing a 1 MB body and no body: the answer must come anyway.
 async fn status_without_body(key: &str) -> String {
     let addr = gateway_url().trim_start_matches("http://").to_string();
-    let mut s = tokio::net::TcpStream::connect(&addr).await.expect("gateway reachable");
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("gateway reachable");
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
          Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
@@ -361,7 +399,11 @@ async fn status_without_body(key: &str) -> String {
         .await
         .expect("an answer before any body byte was sent")
         .unwrap();
-    String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or_default().to_string()
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 #[tokio::test]
@@ -386,7 +428,9 @@ async fn keys_are_checked_at_the_edge_adapters_are_hidden_and_rotation_needs_no_
         "--seed",
         "1",
     ]);
-    let adapter_digest = runtime(&["digest", adapter_dir.to_str().unwrap()]).trim().to_string();
+    let adapter_digest = runtime(&["digest", adapter_dir.to_str().unwrap()])
+        .trim()
+        .to_string();
     let base = format!("auth-{}", ns.name);
     let sql = format!("sql-{}", ns.name);
     let manifests = format!(
@@ -406,9 +450,11 @@ async fn keys_are_checked_at_the_edge_adapters_are_hidden_and_rotation_needs_no_
         (c.status == "True").then_some(())
     })
     .await;
-    wait_until("the gateway to list the adapter to team-a", Duration::from_secs(30), || async {
-        models(Some(KEY_A)).await?.contains(&sql).then_some(())
-    })
+    wait_until(
+        "the gateway to list the adapter to team-a",
+        Duration::from_secs(30),
+        || async { models(Some(KEY_A)).await?.contains(&sql).then_some(()) },
+    )
     .await;
 
     // Team A uses its adapter; team B gets the 404 of a model that does not exist, and no listing.
@@ -416,25 +462,41 @@ async fn keys_are_checked_at_the_edge_adapters_are_hidden_and_rotation_needs_no_
     let (s, _, body) = chat(&http, Some(KEY_A), &sql, "select", 4).await.unwrap();
     assert_eq!(s, 200, "{body}");
     let (s, _, hidden) = chat(&http, Some(KEY_B), &sql, "select", 4).await.unwrap();
-    let (s2, _, missing) = chat(&http, Some(KEY_B), "no-such-model-anywhere", "x", 4).await.unwrap();
+    let (s2, _, missing) = chat(&http, Some(KEY_B), "no-such-model-anywhere", "x", 4)
+        .await
+        .unwrap();
     assert_eq!((s, s2), (404, 404), "{hidden} / {missing}");
-    assert_eq!(hidden["error"]["code"], missing["error"]["code"], "{hidden} / {missing}");
+    assert_eq!(
+        hidden["error"]["code"], missing["error"]["code"],
+        "{hidden} / {missing}"
+    );
     let listed_b = models(Some(KEY_B)).await.unwrap();
-    assert!(listed_b.contains(&base) && !listed_b.contains(&sql), "{listed_b:?}");
+    assert!(
+        listed_b.contains(&base) && !listed_b.contains(&sql),
+        "{listed_b:?}"
+    );
     let (s, _, body) = chat(&http, Some(KEY_B), &base, "hello", 4).await.unwrap();
     assert_eq!(s, 200, "{body}");
 
     // An unknown key: 401 before the body is read — once no keyless deployment is in the gateway's
     // scope (earlier scenarios' namespaces may still be going away).
-    wait_until("no keyless ModelDeployment in the cluster", Duration::from_secs(180), || async {
-        let list = all_mds.list(&ListParams::default()).await.ok()?;
-        list.items.iter().all(|m| m.spec.tenants.is_some()).then_some(())
-    })
+    wait_until(
+        "no keyless ModelDeployment in the cluster",
+        Duration::from_secs(180),
+        || async {
+            let list = all_mds.list(&ListParams::default()).await.ok()?;
+            list.items.iter().all(|m| m.spec.tenants.is_some()).then_some(())
+        },
+    )
     .await;
-    let line = wait_until("401 for an unknown key without a body", Duration::from_secs(30), || async {
-        let line = status_without_body("sk-nobody").await;
-        line.contains(" 401 ").then_some(line)
-    })
+    let line = wait_until(
+        "401 for an unknown key without a body",
+        Duration::from_secs(30),
+        || async {
+            let line = status_without_body("sk-nobody").await;
+            line.contains(" 401 ").then_some(line)
+        },
+    )
     .await;
     eprintln!("unknown key, no body sent: {line}");
     // A known key with the same missing body is not refused at once (the gateway waits for it).
@@ -451,17 +513,26 @@ async fn keys_are_checked_at_the_edge_adapters_are_hidden_and_rotation_needs_no_
     .unwrap();
     let mut buf = [0u8; 64];
     assert!(
-        tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await.is_err(),
+        tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf))
+            .await
+            .is_err(),
         "a known key's request waits for its body"
     );
     drop(s);
 
     // Rotate team A's key in the Secret: the new one works and the old one is refused, no restart.
-    kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&tenants_secret(&ns.name, KEY_A2)));
-    wait_until("the rotated key to work at the gateway", Duration::from_secs(30), || async {
-        let (s, _, _) = chat(&http, Some(KEY_A2), &sql, "select", 2).await.ok()?;
-        (s == 200).then_some(())
-    })
+    kubectl_ok(
+        &["apply", "-n", &ns.name, "-f", "-"],
+        Some(&tenants_secret(&ns.name, KEY_A2)),
+    );
+    wait_until(
+        "the rotated key to work at the gateway",
+        Duration::from_secs(30),
+        || async {
+            let (s, _, _) = chat(&http, Some(KEY_A2), &sql, "select", 2).await.ok()?;
+            (s == 200).then_some(())
+        },
+    )
     .await;
     let (s, _, body) = chat(&http, Some(KEY_A), &base, "hello", 2).await.unwrap();
     assert_eq!(s, 401, "the old key is refused: {body}");

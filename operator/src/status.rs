@@ -270,7 +270,13 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
         g,
     );
     let conflict_condition = match &obs.served_name_conflict {
-        Some(message) => condition(SERVED_NAME_CONFLICT, true, "ServedNameConflict", message.clone(), g),
+        Some(message) => condition(
+            SERVED_NAME_CONFLICT,
+            true,
+            "ServedNameConflict",
+            message.clone(),
+            g,
+        ),
         None => condition(SERVED_NAME_CONFLICT, false, "Unique", String::new(), g),
     };
     vec![
@@ -427,7 +433,10 @@ mod tests {
         assert_eq!(get(&cs, DEGRADED), ("False", "AsDesired"));
         // Pods still terminating: not yet.
         let dep = deployment(0, 1, 1, 1);
-        assert_eq!(get(&conditions(&obs(Some(&dep), &[], 0)), READY), ("False", "Progressing"));
+        assert_eq!(
+            get(&conditions(&obs(Some(&dep), &[], 0)), READY),
+            ("False", "Progressing")
+        );
     }
 
     #[test]

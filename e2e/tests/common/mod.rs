@@ -221,10 +221,14 @@ pub async fn ensure_operator() {
             *done = true;
         }
     }
-    wait_until("the fleet gateway to be ready", Duration::from_secs(60), || async {
-        let r = http().get(format!("{}/ready", gateway_url())).send().await.ok()?;
-        r.status().is_success().then_some(())
-    })
+    wait_until(
+        "the fleet gateway to be ready",
+        Duration::from_secs(60),
+        || async {
+            let r = http().get(format!("{}/ready", gateway_url())).send().await.ok()?;
+            r.status().is_success().then_some(())
+        },
+    )
     .await;
     let leases: Api<Lease> = Api::namespaced(client().await, OPERATOR_NS);
     wait_until(

@@ -176,7 +176,12 @@ pub async fn replicas(
         let sample = read_sample(md, &spec, pods, ctx).await;
         let mut decision = decide(&spec, &state, current, sample.as_ref().ok(), now);
         if to_zero {
-            let previous = ctx.last_sample.lock().unwrap().get(&key).and_then(|m| m.gateway_requests);
+            let previous = ctx
+                .last_sample
+                .lock()
+                .unwrap()
+                .get(&key)
+                .and_then(|m| m.gateway_requests);
             let idle = zero::is_idle(sample.as_ref().ok(), demand_ok, previous);
             zero::apply_idle_window(&mut decision, &spec, &state, idle, now);
         }

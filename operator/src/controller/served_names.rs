@@ -24,11 +24,7 @@ pub struct Clash {
 }
 
 fn base_name(md: &ModelDeployment) -> String {
-    md.spec
-        .model
-        .served_name
-        .clone()
-        .unwrap_or_else(|| md.name_any())
+    md.spec.model.served_name.clone().unwrap_or_else(|| md.name_any())
 }
 
 /// Every name `md` claims: its base model's and its adapters'.
@@ -49,7 +45,10 @@ pub fn clashes(
     let mut by_md: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for a in adapters {
         by_md
-            .entry((a.namespace().unwrap_or_default(), a.spec.model_deployment_ref.name.clone()))
+            .entry((
+                a.namespace().unwrap_or_default(),
+                a.spec.model_deployment_ref.name.clone(),
+            ))
             .or_default()
             .push(a.spec.served_name.clone().unwrap_or_else(|| a.name_any()));
     }
@@ -91,7 +90,11 @@ pub fn message(clashes: &[Clash]) -> Option<String> {
         "served names claimed by another ModelDeployment behind the same gateway: {}{}; the gateway routes \
          none of them until one is renamed (or each namespace gets its own gateway)",
         listed.join(", "),
-        if more > 0 { format!(" and {more} more") } else { String::new() }
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
     ))
 }
 
@@ -141,11 +144,23 @@ mod tests {
         ];
         let adapters = [adapter("b", "sql", "other")];
         let cluster = ServedNameScope::Cluster;
-        assert_eq!(names(&clashes(&all[0], cluster, &all, &adapters)), [("llama".into(), "b/chat".into())]);
-        assert_eq!(names(&clashes(&all[1], cluster, &all, &adapters)), [("llama".into(), "a/chat".into())]);
+        assert_eq!(
+            names(&clashes(&all[0], cluster, &all, &adapters)),
+            [("llama".into(), "b/chat".into())]
+        );
+        assert_eq!(
+            names(&clashes(&all[1], cluster, &all, &adapters)),
+            [("llama".into(), "a/chat".into())]
+        );
         // An adapter's name against another deployment's base name.
-        assert_eq!(names(&clashes(&all[2], cluster, &all, &adapters)), [("sql".into(), "c/sql-base".into())]);
-        assert_eq!(names(&clashes(&all[3], cluster, &all, &adapters)), [("sql".into(), "b/other".into())]);
+        assert_eq!(
+            names(&clashes(&all[2], cluster, &all, &adapters)),
+            [("sql".into(), "c/sql-base".into())]
+        );
+        assert_eq!(
+            names(&clashes(&all[3], cluster, &all, &adapters)),
+            [("sql".into(), "b/other".into())]
+        );
         // A gateway per namespace: only same-namespace names clash.
         let ns = ServedNameScope::Namespace;
         assert!(clashes(&all[0], ns, &all, &adapters).is_empty());

@@ -108,7 +108,8 @@ mod tests {
     use super::*;
 
     fn spec(after: i32) -> AutoscalingSpec {
-        serde_json::from_value(serde_json::json!({"minReplicas": 0, "scaleToZeroAfterSeconds": after})).unwrap()
+        serde_json::from_value(serde_json::json!({"minReplicas": 0, "scaleToZeroAfterSeconds": after}))
+            .unwrap()
     }
 
     fn demand(pending: f64, requests: f64) -> Demand {
