@@ -8,9 +8,11 @@
 //! restarts. Run by `make e2e`; nothing is mocked.
 
 mod common;
+use common::fleet::*;
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use modelfleet_crds::{LoraAdapter, ModelDeployment};
 use serde_json::{Value, json};
@@ -23,76 +25,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The scenarios share two CPU cores, the operator and the gateway: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn runtime_bin() -> PathBuf {
-    std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(repo_root().join("target"))
-        .join("debug/modelfleet-runtime")
-}
-
-/// Runs `modelfleet-runtime ARGS` and returns its stdout.
-fn runtime(args: &[&str]) -> String {
-    let out = std::process::Command::new(runtime_bin())
-        .args(args)
-        .output()
-        .expect("modelfleet-runtime built");
-    assert!(
-        out.status.success(),
-        "modelfleet-runtime {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A generated tiny model under the cluster's artifacts directory, and its digest.
-fn tiny_model(ns: &str) -> (PathBuf, String) {
-    let dir = cluster_dir().join("artifacts").join(ns).join("model");
-    let _ = std::fs::remove_dir_all(&dir);
-    runtime(&[
-        "gen-model",
-        dir.to_str().unwrap(),
-        "--shape",
-        "tiny",
-        "--seed",
-        "11",
-    ]);
-    let d = runtime(&["digest", dir.to_str().unwrap()]).trim().to_string();
-    (dir, d)
-}
-
-/// A gateway client: requests wait up to `timeout` (a cold start takes a while).
-fn gateway(timeout: Duration) -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder().timeout(timeout).build().unwrap()
-}
-
-/// A chat completion through the gateway: the status, the pod that served, and the body.
-async fn chat(
-    http: &reqwest::Client,
-    key: Option<&str>,
-    model: &str,
-    prompt: &str,
-    max_tokens: u32,
-) -> Result<(u16, String, Value), String> {
-    let mut req = http.post(format!("{}/v1/chat/completions", gateway_url())).json(
-        &json!({"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0}),
-    );
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    let r = req.send().await.map_err(|e| e.to_string())?;
-    let status = r.status().as_u16();
-    let pod = r
-        .headers()
-        .get("x-modelfleet-pod")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let body = r.json().await.map_err(|e| e.to_string())?;
-    Ok((status, pod, body))
-}
 
 /// The model ids `GET /v1/models` lists for `key`.
 async fn models(key: Option<&str>) -> Option<Vec<String>> {
@@ -112,17 +44,6 @@ async fn models(key: Option<&str>) -> Option<Vec<String>> {
             .filter_map(|m| m["id"].as_str().map(String::from))
             .collect(),
     )
-}
-
-fn condition(md: &ModelDeployment, type_: &str) -> Option<(String, String)> {
-    let c = md.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)?;
-    Some((c.status.clone(), c.reason.clone()))
-}
-
-/// Pods of a ModelDeployment that exist (terminating ones included).
-async fn pod_count(pods: &Api<Pod>, instance: &str) -> usize {
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={instance}"));
-    pods.list(&lp).await.map(|l| l.items.len()).unwrap_or(usize::MAX)
 }
 
 async fn wait_scaled_to_zero(mds: &Api<ModelDeployment>, pods: &Api<Pod>, name: &str, timeout: Duration) {
@@ -328,6 +249,15 @@ async fn unique_prompts_spread_and_rollouts_and_scale_downs_lose_nothing() {
         max as f64 <= 1.5 * min as f64,
         "busiest {max} ≤ 1.5 × least busy {min}: {counts:?}"
     );
+
+    // A pod SIGKILLed under load: requests not yet streaming are retried on another pod, streams in
+    // flight end (with an error event) instead of hanging, and the pod leaves the rotation within 2 s.
+    pod_killed_under_load(&served, &ns.name, &pods).await;
+    wait_until("3 ready pods again", Duration::from_secs(120), || async {
+        let md = mds.get("roll").await.ok()?;
+        (md.status?.ready_replicas == 3).then_some(())
+    })
+    .await;
 
     // Rollout restart under steady load (8 clients).
     let load = Load::start(&served, 8);
@@ -536,4 +466,136 @@ async fn keys_are_checked_at_the_edge_adapters_are_hidden_and_rotation_needs_no_
     .await;
     let (s, _, body) = chat(&http, Some(KEY_A), &base, "hello", 2).await.unwrap();
     assert_eq!(s, 401, "the old key is refused: {body}");
+}
+
+/// A streamed chat completion of many tokens: the pod serving it, and the response to read on.
+async fn long_stream(model: &str, i: usize) -> (String, reqwest::Response) {
+    let r = gateway(Duration::from_secs(120))
+        .post(format!("{}/v1/chat/completions", gateway_url()))
+        .json(
+            &json!({"model": model, "stream": true, "max_tokens": 1500, "ignore_eos": true,
+            "messages": [{"role": "user", "content": format!("stream {i}: a long story {}", i * 104729)}]}),
+        )
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("stream {i}: {}", error_chain(&e)));
+    assert_eq!(r.status(), 200, "stream {i}");
+    let pod = r
+        .headers()
+        .get("x-modelfleet-pod")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    (pod, r)
+}
+
+/// Reads a stream to its end: whether it ended with `[DONE]`, whether an error event came, and when
+/// it ended.
+async fn drain_stream(mut r: reqwest::Response) -> (bool, bool, Instant) {
+    let mut text = String::new();
+    while let Ok(Some(chunk)) = r.chunk().await {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    (
+        text.contains("data: [DONE]"),
+        text.contains("\"error\""),
+        Instant::now(),
+    )
+}
+
+/// `modelfleet_gateway_retries_total` summed, from the gateway's metrics port.
+async fn gateway_retries() -> f64 {
+    let port = std::env::var("MF_GATEWAY_METRICS_PORT").unwrap_or_else(|_| "8081".into());
+    let text = http()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .expect("gateway metrics")
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("modelfleet_gateway_retries_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// SIGKILLs the runtime process of `pod` (its pid file under the process kubelet's state).
+fn sigkill_runtime(ns: &str, pod: &Pod) {
+    let dir = cluster_dir()
+        .join("kubelet/pods")
+        .join(format!("{ns}_{}_{}", pod.name_any(), pod.uid().unwrap()))
+        .join("containers/runtime/pid");
+    let pid = std::fs::read_to_string(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .trim()
+        .to_string();
+    let out = std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kill -KILL {pid}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn pod_killed_under_load(served: &str, ns: &str, pods: &Api<Pod>) {
+    let load = Load::start(served, 8);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut streams = Vec::new();
+    for i in 0..6 {
+        streams.push(long_stream(served, i).await);
+    }
+    let victim_name = streams[0].0.clone();
+    let victim = pods.get(&victim_name).await.unwrap();
+    let on_victim = streams.iter().filter(|(p, _)| *p == victim_name).count();
+    let readers: Vec<_> = streams
+        .into_iter()
+        .map(|(pod, r)| tokio::spawn(async move { (pod, drain_stream(r).await) }))
+        .collect();
+    sigkill_runtime(ns, &victim);
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let retries_at_2s = gateway_retries().await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let retries_later = gateway_retries().await;
+    let (ok, failures) = load.stop().await;
+    let (mut ended_with_error, mut in_flight) = (0, 0);
+    for r in readers {
+        let (pod, (done, error, ended)) = tokio::time::timeout(Duration::from_secs(120), r)
+            .await
+            .expect("every stream ends (none hangs)")
+            .unwrap();
+        assert!(done, "stream on {pod} ended with [DONE]");
+        if pod == victim_name && ended > killed {
+            in_flight += 1;
+            assert!(
+                error,
+                "the stream on the killed pod {pod} ended with an error event"
+            );
+            ended_with_error += 1;
+        } else {
+            assert!(
+                !error,
+                "the stream on {pod} completed (its pod was not killed under it)"
+            );
+        }
+    }
+    assert!(
+        in_flight > 0,
+        "a stream was in flight on the killed pod (else nothing was tested)"
+    );
+    eprintln!(
+        "SIGKILL of {victim_name} under load: {ok} answered, {} failed; {ended_with_error}/{on_victim} streams on it \
+         ended with an error event ({in_flight} in flight at the kill); gateway retries {retries_at_2s} at +2 s, {retries_later} at {:?}",
+        failures.len(),
+        killed.elapsed()
+    );
+    assert!(failures.is_empty(), "no request failed: {failures:?}");
+    assert_eq!(
+        retries_at_2s, retries_later,
+        "no request was sent to the killed pod later than 2 s after the kill"
+    );
 }

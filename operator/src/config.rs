@@ -50,6 +50,8 @@ impl CacheNamespaces {
             CacheNamespaces::All => true,
         }
     }
+}
+
 /// Where the fleet gateway's pods are: their pending requests scale deployments from zero.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatewayPods {

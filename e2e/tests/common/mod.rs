@@ -3,6 +3,8 @@
 //! kubectl and a real kube client. Nothing here is mocked.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod fleet;
+
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use std::future::Future;
