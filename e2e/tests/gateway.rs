@@ -17,7 +17,6 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use modelfleet_crds::{LoraAdapter, ModelDeployment};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
