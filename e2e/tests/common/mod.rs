@@ -286,3 +286,38 @@ pub fn cluster_script(args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every PromQL query of the chart's Grafana dashboard `file` (at least `min` of them) returns data
+/// from the e2e Prometheus.
+pub async fn dashboard_queries_return_data(file: &str, min: usize) {
+    let text = std::fs::read_to_string(repo_root().join("charts/modelfleet/dashboards").join(file)).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut exprs = Vec::new();
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(o) => {
+                if let Some(e) = o.get("expr").and_then(|e| e.as_str()) {
+                    out.push(e.to_string());
+                }
+                o.values().for_each(|v| walk(v, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    walk(&dashboard, &mut exprs);
+    assert!(exprs.len() >= min, "{exprs:?}");
+    for e in &exprs {
+        let e = e.clone();
+        wait_until(
+            &format!("data for the dashboard query {e}"),
+            Duration::from_secs(60),
+            || {
+                let e = e.clone();
+                async move { (!prometheus_query(&e).await.is_empty()).then_some(()) }
+            },
+        )
+        .await;
+    }
+    eprintln!("all {} queries of {file} return data", exprs.len());
+}

@@ -94,6 +94,13 @@ impl Metrics {
         m
     }
 
+    /// Makes `id`'s retry counter and pending gauge exist (at 0) once a request names it, so dashboards
+    /// and the operator read 0 rather than no series.
+    pub fn touch(&self, id: &crate::fleet::DeploymentId) {
+        self.retries.with_label_values(&[&id.name]);
+        self.pending.with_label_values(&[&id.namespace, &id.name]);
+    }
+
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut out = Vec::new();

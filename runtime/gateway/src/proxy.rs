@@ -99,6 +99,7 @@ enum Failure {
 pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
     let id = job.auth.deployment.id.clone();
     let model = job.routed.model.clone();
+    gw.metrics.touch(&id);
     let pending_until = job.deadline.min(job.arrival + gw.settings.max_pending_wait);
     let scope = if job.auth.deployment.shared_prefix_cache {
         "deployment".to_string()
