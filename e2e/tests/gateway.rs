@@ -98,8 +98,6 @@ async fn scale_from_zero_through_the_gateway_and_back_to_zero() {
         "x-modelfleet-pod names the pod: {pod:?}"
     );
     eprintln!("scale from zero: answered after {cold:?} (cold start through the gateway)");
-    // The gateway's dashboard has data for this deployment (its pod still serving).
-    dashboard_queries_return_data("modelfleet-gateway.json", 7).await;
     let md_now = mds.get("zero").await.unwrap();
     assert_eq!(md_now.status.unwrap().desired_replicas, Some(1));
 
@@ -303,6 +301,8 @@ async fn unique_prompts_spread_and_rollouts_and_scale_downs_lose_nothing() {
     );
     assert!(ok > 20, "the load ran: {ok} answers");
     assert!(failures.is_empty(), "no client request failed: {failures:?}");
+    // The gateway's dashboard has data for this deployment (a pod still serving it).
+    dashboard_queries_return_data("modelfleet-gateway.json", 7).await;
 }
 
 const KEY_A: &str = "sk-gw-team-a";

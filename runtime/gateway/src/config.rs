@@ -31,6 +31,11 @@ pub struct RunArgs {
     /// Bounded-load factor c: a pod is passed over when its load + 1 exceeds ⌈c × (total load + 1) / pods⌉.
     #[arg(long, env = "MODELFLEET_GATEWAY_LOAD_FACTOR", default_value_t = 1.25, value_parser = parse_load_factor)]
     pub load_factor: f64,
+    /// A pod whose load + 1 is at most this keeps its keys whatever the bound says (a batching replica
+    /// serves a few requests at once for little more than one; moving one loses its cached prefix).
+    /// 0: the plain CHWBL bound.
+    #[arg(long, env = "MODELFLEET_GATEWAY_LOAD_FLOOR", default_value_t = 4.0, value_parser = parse_load_floor)]
+    pub load_floor: f64,
     /// Requests held per deployment while it has no Ready pod (beyond: 429 with Retry-After).
     #[arg(
         long,
@@ -116,6 +121,15 @@ fn parse_load_factor(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_load_floor(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("must be a number >= 0, got {s}"))
+    }
+}
+
 /// Seconds → a `Duration` (negative and non-finite values become zero).
 pub fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)
@@ -142,7 +156,10 @@ mod tests {
     #[test]
     fn defaults_and_flags() {
         let a = parse(&[]).unwrap();
-        assert_eq!((a.port, a.retries, a.load_factor), (8080, 2, 1.25));
+        assert_eq!(
+            (a.port, a.retries, a.load_factor, a.load_floor),
+            (8080, 2, 1.25, 4.0)
+        );
         assert!(a.pod_header && a.namespaces.is_empty());
         let a = parse(&[
             "--namespaces",

@@ -1,9 +1,14 @@
 //! Consistent hashing with bounded loads (CHWBL; Mirrokni, Thorup, Zadimoghaddam 2016, as Vimeo and
 //! HAProxy use it): each pod owns [`VNODES`] points on a 64-bit ring; a request's affinity key hashes
 //! to a point, and the pods are visited clockwise from it. The first pod whose load leaves room under
-//! the bound takes the request; a pod is passed over when `load + 1 > ⌈c · (total + 1) / n⌉` (c the
-//! load factor, n the eligible pods). If none has room (possible only with fractional loads), the least
-//! loaded eligible pod takes it.
+//! the bound takes the request; a pod is passed over when `load + 1 > max(⌈c · (total + 1) / n⌉, f)`
+//! (c the load factor, n the eligible pods, f the floor). If none has room (possible only with
+//! fractional loads), the least loaded eligible pod takes it.
+//!
+//! The floor is ours, not the paper's: with a few requests in flight the plain bound is 1 or 2, so two
+//! concurrent requests of one tenant would already push the second off its home pod — and a batching
+//! replica serves a few requests at once for little more than one, while the pod it overflows to has to
+//! prefill the whole prefix again and evict another tenant's to hold it. Below `f` a pod keeps its keys.
 //!
 //! Invariants: the ring is a pure function of the set of pod names (SHA-256 of `name#i`), so every
 //! gateway replica — and every restart — sends a key to the same pod while loads are within bounds;
@@ -98,6 +103,7 @@ impl Ring {
         eligible: impl Fn(usize) -> bool,
         load: impl Fn(usize) -> f64,
         c: f64,
+        floor: f64,
     ) -> Option<(usize, Decision)> {
         let candidates: Vec<usize> = self.walk(key).filter(|&p| eligible(p)).collect();
         match candidates.len() {
@@ -107,7 +113,7 @@ impl Ring {
         }
         let loads: Vec<f64> = candidates.iter().map(|&p| load(p).max(0.0)).collect();
         let total: f64 = loads.iter().sum();
-        let bound = (c * (total + 1.0) / candidates.len() as f64).ceil();
+        let bound = (c * (total + 1.0) / candidates.len() as f64).ceil().max(floor);
         let fits = candidates
             .iter()
             .zip(&loads)
@@ -143,8 +149,8 @@ mod tests {
         assert_eq!(a, b);
         for k in 0..1000u64 {
             let key = hash64(&k.to_le_bytes());
-            let pa = a.choose(key, |_| true, |_| 0.0, 1.25).unwrap();
-            let pb = b.choose(key, |_| true, |_| 0.0, 1.25).unwrap();
+            let pa = a.choose(key, |_| true, |_| 0.0, 1.25, 0.0).unwrap();
+            let pb = b.choose(key, |_| true, |_| 0.0, 1.25, 0.0).unwrap();
             assert_eq!(a.pods()[pa.0], b.pods()[pb.0]);
             assert_eq!(pa.1, Decision::Affinity);
         }
@@ -192,7 +198,7 @@ mod tests {
         let home = r.walk(key).next().unwrap();
         // Home at 4 in flight, others idle: total 4, bound ⌈1.25·5/3⌉ = 3, 4 + 1 > 3.
         let load = |p: usize| if p == home { 4.0 } else { 0.0 };
-        let (p, d) = r.choose(key, |_| true, load, 1.25).unwrap();
+        let (p, d) = r.choose(key, |_| true, load, 1.25, 0.0).unwrap();
         assert_ne!(p, home);
         assert_eq!(d, Decision::Overflow);
         assert_eq!(p, r.walk(key).nth(1).unwrap(), "the next pod clockwise");
@@ -200,8 +206,29 @@ mod tests {
         // ⌈1.25·3/3⌉ = 2, and 1 + 1 fits.
         let next = r.walk(key).nth(1).unwrap();
         let load = |p: usize| if p == home || p == next { 1.0 } else { 0.0 };
-        let (p, d) = r.choose(key, |_| true, load, 1.25).unwrap();
+        let (p, d) = r.choose(key, |_| true, load, 1.25, 0.0).unwrap();
         assert_eq!((p, d), (home, Decision::Affinity));
+    }
+
+    #[test]
+    fn below_the_floor_a_pod_keeps_its_keys() {
+        let r = Ring::new(&names(3));
+        let key = hash64(b"tenant-a");
+        let home = r.walk(key).next().unwrap();
+        // Home at 2, others idle: the plain bound ⌈1.25·3/3⌉ = 2 passes it over; a floor of 4 keeps it.
+        let load = |p: usize| if p == home { 2.0 } else { 0.0 };
+        assert_eq!(
+            r.choose(key, |_| true, load, 1.25, 0.0).unwrap().1,
+            Decision::Overflow
+        );
+        let (p, d) = r.choose(key, |_| true, load, 1.25, 4.0).unwrap();
+        assert_eq!((p, d), (home, Decision::Affinity));
+        // At the floor (3 + 1 = 4 fits, 4 + 1 does not) it overflows again.
+        let load = |p: usize| if p == home { 4.0 } else { 0.0 };
+        assert_eq!(
+            r.choose(key, |_| true, load, 1.25, 4.0).unwrap().1,
+            Decision::Overflow
+        );
     }
 
     #[test]
@@ -209,12 +236,12 @@ mod tests {
         let r = Ring::new(&names(3));
         let key = hash64(b"k");
         let home = r.walk(key).next().unwrap();
-        let (p, d) = r.choose(key, |p| p == home, |_| 100.0, 1.25).unwrap();
+        let (p, d) = r.choose(key, |p| p == home, |_| 100.0, 1.25, 0.0).unwrap();
         assert_eq!((p, d), (home, Decision::Only));
-        assert_eq!(r.choose(key, |_| false, |_| 0.0, 1.25), None);
+        assert_eq!(r.choose(key, |_| false, |_| 0.0, 1.25, 0.0), None);
         // Fractional loads with no pod fitting: the least loaded takes it.
         let loads = [2.5, 2.2, 2.4];
-        let (p, _) = r.choose(key, |_| true, |p| loads[p], 1.0).unwrap();
+        let (p, _) = r.choose(key, |_| true, |p| loads[p], 1.0, 0.0).unwrap();
         assert_eq!(p, 1);
     }
 
@@ -229,7 +256,7 @@ mod tests {
             } else {
                 hash64(&i.to_be_bytes())
             };
-            let (p, _) = r.choose(key, |_| true, |p| load[p], 1.25).unwrap();
+            let (p, _) = r.choose(key, |_| true, |p| load[p], 1.25, 0.0).unwrap();
             load[p] += 1.0;
             let total: f64 = load.iter().sum();
             let max = load.iter().cloned().fold(0.0, f64::max);

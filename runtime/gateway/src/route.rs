@@ -97,6 +97,7 @@ pub fn choose(
             |i| eligible[i],
             |i| gw.loads.load(&d.pods[i].name),
             gw.settings.load_factor,
+            gw.settings.load_floor,
         )?,
         Routing::RoundRobin => {
             let nth = gw.turn.fetch_add(1, Ordering::Relaxed) % candidates;

@@ -18,6 +18,8 @@ use tokio::sync::watch;
 pub struct Settings {
     /// CHWBL load factor.
     pub load_factor: f64,
+    /// Load under which a pod keeps its keys.
+    pub load_floor: f64,
     /// Further attempts after a failure before the first byte.
     pub retries: u32,
     /// Affinity or round robin.
@@ -45,6 +47,7 @@ impl Settings {
     pub fn from_args(a: &RunArgs) -> Settings {
         Settings {
             load_factor: a.load_factor,
+            load_floor: a.load_floor,
             retries: a.retries,
             routing: a.routing,
             affinity_prefix_chars: a.affinity_prefix_chars,

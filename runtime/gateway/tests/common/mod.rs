@@ -243,6 +243,7 @@ pub async fn pods(n: usize) -> (Vec<TestPod>, u16) {
 pub fn settings(pod_port: u16) -> Settings {
     Settings {
         load_factor: 1.25,
+        load_floor: 4.0,
         retries: 2,
         routing: Routing::Affinity,
         affinity_prefix_chars: 512,
