@@ -4,8 +4,8 @@
 //! `--served-name-scope`) that claim a common name both get the condition, naming the other. The
 //! gateway routes such a name to neither (it never silently picks one).
 //!
-//! Pure: computed from the controller's caches of ModelDeployments and LoraAdapters. Invariant: the
-//! relation is symmetric — if A conflicts with B, B conflicts with A — so the condition appears on
+//! Pure: computed from the controller's caches of ModelDeployments and LoraAdapters; one being deleted
+//! claims nothing. Invariant: the relation is symmetric — if A conflicts with B, B conflicts with A — so the condition appears on
 //! both; a deployment whose conflicts changed asks for its peers to be reconciled again.
 
 use crate::config::ServedNameScope;
@@ -52,13 +52,19 @@ pub fn clashes(
             .or_default()
             .push(a.spec.served_name.clone().unwrap_or_else(|| a.name_any()));
     }
+    // A ModelDeployment being deleted claims nothing (so a namespace torn down does not hold a name).
+    if md.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
     let me = (md.namespace().unwrap_or_default(), md.name_any());
     let mine = claims(md, &by_md);
     let mut out: Vec<Clash> = all
         .iter()
         .filter(|o| {
             let key = (o.namespace().unwrap_or_default(), o.name_any());
-            key != me && (scope == ServedNameScope::Cluster || key.0 == me.0)
+            key != me
+                && o.metadata.deletion_timestamp.is_none()
+                && (scope == ServedNameScope::Cluster || key.0 == me.0)
         })
         .flat_map(|o| {
             let other = format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any());
@@ -168,5 +174,17 @@ mod tests {
         let m = message(&clashes(&all[0], cluster, &all, &adapters)).unwrap();
         assert!(m.contains("`llama` (also b/chat)"), "{m}");
         assert_eq!(message(&[]), None);
+    }
+
+    #[test]
+    fn a_deployment_being_deleted_claims_nothing() {
+        let mut going = (*md("a", "chat", Some("llama"))).clone();
+        going.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+        let all = [Arc::new(going), md("b", "chat", Some("llama"))];
+        let cluster = ServedNameScope::Cluster;
+        assert!(clashes(&all[1], cluster, &all, &[]).is_empty());
+        assert!(clashes(&all[0], cluster, &all, &[]).is_empty(), "symmetric");
     }
 }
