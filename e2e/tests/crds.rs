@@ -114,8 +114,8 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
         ),
         (
             "minReplicas lower bound",
-            model_deployment("min-zero", "  autoscaling:\n    minReplicas: 0\n", DIGEST),
-            "should be greater than or equal to 1",
+            model_deployment("min-negative", "  autoscaling:\n    minReplicas: -1\n", DIGEST),
+            "should be greater than or equal to 0",
         ),
         (
             "replicas with Builtin autoscaling (CEL)",
