@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(name = "Queue", type_ = "integer", json_path = ".status.observedMetrics.queueDepth"),
     printcolumn(name = "KV %", type_ = "integer", json_path = ".status.observedMetrics.kvCacheUtilizationPercent"),
+    printcolumn(name = "Cost/Mtok", type_ = "string", json_path = ".status.capacity.costPerMillionOutputTokens.observed"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new(
         "!has(self.spec.autoscaling) || self.spec.autoscaling.mode != 'Builtin' || !has(self.spec.replicas)"
@@ -60,6 +61,28 @@ pub struct ModelDeploymentSpec {
     /// so rotating the Secret rotates keys without a restart. Without it the fleet runs single-tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<TenantsSpec>,
+    /// What a replica costs: with it the operator measures throughput and reports the cost per million
+    /// output tokens in `status.capacity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostSpec>,
+}
+
+/// The price of serving, for `status.capacity`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CostSpec {
+    /// Price of one replica for one hour, as a decimal string (e.g. "2.50"): a node's or GPU's hourly
+    /// price divided by the replicas it holds.
+    #[schemars(regex(pattern = r"^[0-9]{1,12}(\.[0-9]{1,9})?$"))]
+    pub price_per_replica_hour: String,
+    /// ISO 4217 currency code of the price (and of the reported costs).
+    #[serde(default = "default_currency")]
+    #[schemars(regex(pattern = "^[A-Z]{3}$"))]
+    pub currency: String,
+    /// Seconds of history the measured figures cover.
+    #[serde(default = "default_cost_window")]
+    #[schemars(range(min = 60, max = 86400))]
+    pub window_seconds: i32,
 }
 
 /// A model artifact pinned by content digest.
@@ -394,6 +417,63 @@ pub struct ModelDeploymentStatus {
     /// The built-in autoscaler's stabilization state, kept here so it survives an operator restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaler: Option<AutoscalerState>,
+    /// Measured throughput and cost per million output tokens (with `spec.cost`); recomputed at most
+    /// every 30 s over `spec.cost.windowSeconds`, rewritten only when a rounded figure changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityStatus>,
+}
+
+/// Throughput and cost as measured from the replicas' output-token counters over a window.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityStatus {
+    /// Ready replicas measured at the end of the window.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Seconds the figures cover (up to `spec.cost.windowSeconds`; shorter until that much history).
+    #[serde(default)]
+    pub window_seconds: i64,
+    /// Replica-seconds measured in the window (what the observed cost pays for).
+    #[serde(default)]
+    pub replica_seconds: i64,
+    /// Output tokens the replicas produced in the window.
+    #[serde(default)]
+    pub output_tokens: i64,
+    /// Output tokens/s per replica over the window, all of it (3 significant digits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens_per_second_per_replica: Option<String>,
+    /// Output tokens/s per replica while its queue was non-empty: what a replica does at saturation
+    /// (3 significant digits); absent until a replica was seen saturated in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturated_output_tokens_per_second_per_replica: Option<String>,
+    /// Replica-seconds spent saturated in the window (what the saturated figure is measured over).
+    #[serde(default)]
+    pub saturated_replica_seconds: i64,
+    /// Observed over saturated throughput, whole percent (0–100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub utilization_percent: Option<i32>,
+    /// Cost per million output tokens, observed and at saturation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_per_million_output_tokens: Option<CostFigures>,
+    /// The currency of the costs (`spec.cost.currency`).
+    #[serde(default)]
+    pub currency: String,
+    /// When these figures were computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+}
+
+/// Cost per million output tokens (decimal strings, 3 significant digits).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CostFigures {
+    /// Replica-hours paid over the window ÷ tokens produced in it: what serving actually cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<String>,
+    /// The price ÷ saturated throughput: what it would cost with every replica kept busy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_saturation: Option<String>,
 }
 
 /// Recommendations that differ from the current replica count, and since when (stabilization windows).
@@ -488,4 +568,10 @@ fn default_scale_to_zero_after() -> i32 {
 }
 fn default_prometheus_window() -> i32 {
     30
+}
+fn default_currency() -> String {
+    "USD".into()
+}
+fn default_cost_window() -> i32 {
+    600
 }

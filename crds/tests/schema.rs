@@ -38,7 +38,10 @@ fn model_deployment_names_and_subresources() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Model", "Desired", "Ready", "Queue", "KV %", "Age"]);
+    assert_eq!(
+        columns,
+        ["Model", "Desired", "Ready", "Queue", "KV %", "Cost/Mtok", "Age"]
+    );
 }
 
 #[test]

@@ -91,6 +91,28 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
         None,
     );
     assert_eq!(mode, "Builtin");
+    // spec.cost: a decimal price; currency and window default.
+    kubectl_ok(
+        &["apply", "-n", ns, "-f", "-"],
+        Some(&model_deployment(
+            "priced",
+            "  cost:\n    pricePerReplicaHour: \"2.50\"\n",
+            DIGEST,
+        )),
+    );
+    let cost = kubectl_ok(
+        &[
+            "get",
+            "md",
+            "priced",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.cost.currency} {.spec.cost.windowSeconds}",
+        ],
+        None,
+    );
+    assert_eq!(cost, "USD 600");
 
     let cases: &[(&str, String, &str)] = &[
         (
@@ -150,6 +172,29 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
             "Unsupported value: \"Sometimes\"",
         ),
         (
+            "cost price as a decimal string",
+            model_deployment("price", "  cost:\n    pricePerReplicaHour: \"2,50\"\n", DIGEST),
+            "spec.cost.pricePerReplicaHour",
+        ),
+        (
+            "cost currency code",
+            model_deployment(
+                "currency",
+                "  cost:\n    pricePerReplicaHour: \"2.50\"\n    currency: dollars\n",
+                DIGEST,
+            ),
+            "spec.cost.currency",
+        ),
+        (
+            "cost window lower bound",
+            model_deployment(
+                "window",
+                "  cost:\n    pricePerReplicaHour: \"2.50\"\n    windowSeconds: 5\n",
+                DIGEST,
+            ),
+            "should be greater than or equal to 60",
+        ),
+        (
             "lora digest",
             lora("bad", "tiny").replace(DIGEST, "md5:abc"),
             "should match '^sha256:[0-9a-f]{64}$'",
@@ -195,7 +240,16 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
     // Printer columns are served.
     let table = kubectl_ok(&["get", "md", "-n", ns], None);
     let header = table.lines().next().unwrap();
-    for column in ["NAME", "MODEL", "DESIRED", "READY", "QUEUE", "KV %", "AGE"] {
+    for column in [
+        "NAME",
+        "MODEL",
+        "DESIRED",
+        "READY",
+        "QUEUE",
+        "KV %",
+        "COST/MTOK",
+        "AGE",
+    ] {
         assert!(header.contains(column), "missing column {column} in {header}");
     }
 }

@@ -3,10 +3,12 @@
 //! through a pod IP; a load generator that finds Ready pods by watching Pods drives the built-in
 //! autoscaler 1 → 3 and back, once with `Direct` metrics and once through the real Prometheus (whose
 //! dashboard queries must all return data meanwhile); the operator leader is killed mid-scale-up;
-//! status writes are counted under steady load; and a bad digest on a spec update leaves the old pods
+//! status writes are counted under steady load (with `spec.cost`, so `status.capacity` is measured
+//! meanwhile and the dashboard's cost panel has data); and a bad digest on a spec update leaves the old pods
 //! serving. Run by `make e2e`; nothing is mocked.
 
 mod common;
+use common::fleet::tiny_model;
 use common::*;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -14,7 +16,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use modelfleet_crds::ModelDeployment;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,67 +23,15 @@ use std::time::{Duration, Instant};
 /// The scenarios share two CPU cores and the operator: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn runtime_bin() -> PathBuf {
-    std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(repo_root().join("target"))
-        .join("debug/modelfleet-runtime")
-}
-
-/// A generated tiny model under the cluster directory and its digest (both by the real binary).
-fn tiny_model(name: &str) -> (PathBuf, String) {
-    let dir = cluster_dir().join("artifacts").join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    let made = std::process::Command::new(runtime_bin())
-        .arg("gen-model")
-        .arg(&dir)
-        .args(["--shape", "tiny", "--seed", "11"])
-        .output()
-        .expect("modelfleet-runtime built");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    let out = std::process::Command::new(runtime_bin())
-        .arg("digest")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    (dir, String::from_utf8(out.stdout).unwrap().trim().to_string())
-}
-
 fn autoscaled(name: &str, dir: &std::path::Path, digest: &str, metrics: &str) -> String {
     format!(
         "apiVersion: modelfleet.io/v1alpha1\nkind: ModelDeployment\nmetadata:\n  name: {name}\nspec:\n  model:\n    \
          uri: file://{dir}\n    digest: \"{digest}\"\n    servedName: tiny-chat\n  runtime:\n    threads: 1\n    \
          maxNumSeqs: 1\n    queue:\n      maxNumQueuedReqs: 12\n  autoscaling:\n    mode: Builtin\n    minReplicas: 1\n    \
          maxReplicas: 3\n    targetQueueDepthPerReplica: 2\n    scaleUpStabilizationSeconds: 0\n    \
-         scaleDownStabilizationSeconds: 10\n    metrics:\n{metrics}",
+         scaleDownStabilizationSeconds: 10\n    metrics:\n{metrics}  cost:\n    pricePerReplicaHour: \"2.50\"\n",
         dir = dir.display()
     )
-}
-
-fn is_ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .as_ref()
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
-}
-
-/// Ready pods of a ModelDeployment: name → IP.
-async fn ready_pods(pods: &Api<Pod>, instance: &str) -> BTreeMap<String, String> {
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={instance}"));
-    let Ok(list) = pods.list(&lp).await else {
-        return BTreeMap::new();
-    };
-    list.items
-        .iter()
-        .filter(|p| is_ready(p))
-        .filter_map(|p| {
-            let ip = p.status.as_ref()?.pod_ip.clone()?;
-            Some((p.metadata.name.clone()?, ip))
-        })
-        .collect()
 }
 
 fn chat_body(max_tokens: u32) -> serde_json::Value {

@@ -6,6 +6,8 @@
 //!   the status ([`status`], a pure function of what was observed) only when it changed.
 //! - [`autoscaler`]: queue depth and KV-cache pressure in, a replica count out; its decision lives in
 //!   `status.desiredReplicas`, never in the user's spec.
+//! - [`capacity`]: with `spec.cost`, output tokens per replica (observed and at saturation) and the cost
+//!   per million output tokens, measured from the replicas' counters into `status.capacity`.
 //! - [`lora`]: the LoraAdapter controller — loads adapters onto ready pods through the runtime's admin
 //!   API (calls run as tasks, off the reconcile path), per-pod state in status, unload on deletion.
 //! - [`leader`]: leader election on a `Lease`, so two replicas can run and one fails over.
@@ -20,6 +22,7 @@
 pub mod autoscaler;
 pub mod body;
 pub mod builders;
+pub mod capacity;
 pub mod config;
 pub mod controller;
 pub mod labels;

@@ -5,9 +5,13 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
-use std::sync::Arc;
+use modelfleet_crds::model_deployment::CapacityStatus;
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Metrics of the controller.
 pub struct Metrics {
@@ -28,6 +32,12 @@ pub struct Metrics {
     pub adapter_status_writes: IntCounter,
     /// 1 while this replica holds the leader Lease.
     pub leader: IntGauge,
+    /// `status.capacity`'s cost per million output tokens, by `basis` (`observed`, `saturation`).
+    capacity_cost: GaugeVec,
+    /// `status.capacity`'s output tokens/s per replica, by `basis`.
+    capacity_throughput: GaugeVec,
+    /// The currency each deployment's cost series carries (to remove them exactly).
+    capacity_currency: Mutex<HashMap<(String, String), String>>,
     /// Set once the process can serve (the API client is up).
     pub ready: AtomicBool,
 }
@@ -81,6 +91,22 @@ impl Default for Metrics {
         .unwrap();
         let leader =
             IntGauge::new("modelfleet_operator_leader", "1 while this replica is the leader").unwrap();
+        let capacity_cost = GaugeVec::new(
+            Opts::new(
+                "modelfleet_capacity_cost_per_million_output_tokens",
+                "Cost per million output tokens as in status.capacity (leader only), observed or at saturation",
+            ),
+            &["namespace", "model_deployment", "currency", "basis"],
+        )
+        .unwrap();
+        let capacity_throughput = GaugeVec::new(
+            Opts::new(
+                "modelfleet_capacity_output_tokens_per_second_per_replica",
+                "Output tokens/s per replica as in status.capacity (leader only), observed or at saturation",
+            ),
+            &["namespace", "model_deployment", "basis"],
+        )
+        .unwrap();
         for c in [
             Box::new(reconciliations.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(errors.clone()),
@@ -90,6 +116,8 @@ impl Default for Metrics {
             Box::new(adapter_calls.clone()),
             Box::new(adapter_status_writes.clone()),
             Box::new(leader.clone()),
+            Box::new(capacity_cost.clone()),
+            Box::new(capacity_throughput.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -103,12 +131,64 @@ impl Default for Metrics {
             adapter_calls,
             adapter_status_writes,
             leader,
+            capacity_cost,
+            capacity_throughput,
+            capacity_currency: Mutex::default(),
             ready: AtomicBool::new(false),
         }
     }
 }
 
 impl Metrics {
+    /// Publishes a deployment's capacity figures (the ones in its status).
+    pub fn set_capacity(&self, ns: &str, name: &str, c: &CapacityStatus) {
+        self.clear_capacity(ns, name);
+        self.capacity_currency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((ns.into(), name.into()), c.currency.clone());
+        let num = |s: &Option<String>| s.as_deref().and_then(|v| v.parse::<f64>().ok());
+        let costs = c.cost_per_million_output_tokens.clone().unwrap_or_default();
+        for (basis, cost, rate) in [
+            (
+                "observed",
+                &costs.observed,
+                &c.output_tokens_per_second_per_replica,
+            ),
+            (
+                "saturation",
+                &costs.at_saturation,
+                &c.saturated_output_tokens_per_second_per_replica,
+            ),
+        ] {
+            if let Some(v) = num(cost) {
+                self.capacity_cost
+                    .with_label_values(&[ns, name, &c.currency, basis])
+                    .set(v);
+            }
+            if let Some(v) = num(rate) {
+                self.capacity_throughput
+                    .with_label_values(&[ns, name, basis])
+                    .set(v);
+            }
+        }
+    }
+
+    /// Removes a deployment's capacity series (no `spec.cost`, or deleted).
+    pub fn clear_capacity(&self, ns: &str, name: &str) {
+        let currency = self
+            .capacity_currency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(ns.to_string(), name.to_string()));
+        for basis in ["observed", "saturation"] {
+            if let Some(c) = &currency {
+                let _ = self.capacity_cost.remove_label_values(&[ns, name, c, basis]);
+            }
+            let _ = self.capacity_throughput.remove_label_values(&[ns, name, basis]);
+        }
+    }
+
     /// Prometheus text of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

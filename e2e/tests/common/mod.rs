@@ -321,3 +321,32 @@ pub async fn dashboard_queries_return_data(file: &str, min: usize) {
     }
     eprintln!("all {} queries of {file} return data", exprs.len());
 }
+
+/// Whether a pod is Ready and not being deleted.
+pub fn is_ready(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .as_ref()
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+}
+
+/// Ready pods of a ModelDeployment: name → IP.
+pub async fn ready_pods(
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+    instance: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let lp = kube::api::ListParams::default().labels(&format!("app.kubernetes.io/instance={instance}"));
+    let Ok(list) = pods.list(&lp).await else {
+        return Default::default();
+    };
+    list.items
+        .iter()
+        .filter(|p| is_ready(p))
+        .filter_map(|p| {
+            let ip = p.status.as_ref()?.pod_ip.clone()?;
+            Some((p.metadata.name.clone()?, ip))
+        })
+        .collect()
+}

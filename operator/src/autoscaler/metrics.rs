@@ -196,7 +196,7 @@ pub async fn query_prometheus(
         .collect()
 }
 
-fn regex_escape(s: &str) -> String {
+pub(crate) fn regex_escape(s: &str) -> String {
     s.chars()
         .flat_map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' {

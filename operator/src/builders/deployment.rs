@@ -24,8 +24,9 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy,
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
     EnvVarSource, HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    SecretVolumeSource, SecurityContext, SleepAction, Volume, VolumeMount,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceFieldSelector, SeccompProfile, SecretVolumeSource, SecurityContext, SleepAction, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -267,6 +268,26 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// `MODELFLEET_MEMORY_LIMIT_BYTES` from the downward API's `limits.memory`, so the runtime sizes its KV
+/// pool from the container's limit (`serve --memory-limit-bytes`). Only with a memory limit in the
+/// spec: without one the downward API would report the node's allocatable memory.
+fn memory_limit_env(runtime: &RuntimeSpec) -> Option<EnvVar> {
+    let limits = runtime.resources.as_ref()?.limits.as_ref()?;
+    limits.get("memory")?;
+    Some(EnvVar {
+        name: "MODELFLEET_MEMORY_LIMIT_BYTES".into(),
+        value_from: Some(EnvVarSource {
+            resource_field_ref: Some(ResourceFieldSelector {
+                container_name: Some(RUNTIME_CONTAINER.into()),
+                resource: "limits.memory".into(),
+                divisor: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
 fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
@@ -403,6 +424,7 @@ fn runtime_container(
         field_env("POD_NAMESPACE", "metadata.namespace"),
         tmpdir_env(),
     ];
+    env.extend(memory_limit_env(runtime));
     env.extend(runtime.env.iter().cloned());
     let mut mounts = vec![
         mount("model", MODEL_DIR, true),
@@ -973,6 +995,54 @@ mod tests {
             !args.contains(&"--adapter-file-roots".to_string()),
             "none by default"
         );
+    }
+
+    #[test]
+    fn a_memory_limit_reaches_the_runtime_through_the_downward_api() {
+        let with_limit = md(&format!(
+            "  model:\n    uri: file:///m\n    digest: \"{DIGEST}\"\n  runtime:\n    resources:\n      limits:\n        \
+             memory: 2Gi\n      requests:\n        memory: 1Gi\n"
+        ));
+        let d = desired_deployment(&with_limit, &OperatorConfig::default(), 1);
+        let main = &pod_spec(&d).containers[0];
+        let env = main
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|e| e.name == "MODELFLEET_MEMORY_LIMIT_BYTES")
+            .expect("the limit is passed");
+        let field = env
+            .value_from
+            .as_ref()
+            .unwrap()
+            .resource_field_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (field.container_name.as_deref(), field.resource.as_str()),
+            (Some(RUNTIME_CONTAINER), "limits.memory")
+        );
+        assert!(
+            env.value.is_none() && field.divisor.is_none(),
+            "bytes, from the API server"
+        );
+        // Without a limit the downward API would report the node's memory: nothing is passed, and the
+        // runtime falls back to its cgroup or its default pool.
+        for spec in [
+            "",
+            "  runtime:\n    resources:\n      requests:\n        memory: 1Gi\n",
+        ] {
+            let m = md(&format!(
+                "  model:\n    uri: file:///m\n    digest: \"{DIGEST}\"\n{spec}"
+            ));
+            let d = desired_deployment(&m, &OperatorConfig::default(), 1);
+            let env = pod_spec(&d).containers[0].env.clone().unwrap();
+            assert!(
+                env.iter().all(|e| e.name != "MODELFLEET_MEMORY_LIMIT_BYTES"),
+                "{spec}"
+            );
+        }
     }
 
     #[test]

@@ -21,6 +21,8 @@ mod served_names;
 pub mod sweep;
 mod zero;
 
+pub(crate) use scale::is_ready;
+
 use crate::Error;
 use crate::builders;
 use crate::config::OperatorConfig;
@@ -63,6 +65,8 @@ pub struct Context {
     pub sweeper: sweep::Sweeper,
     /// Every ModelDeployment and LoraAdapter in scope (served-name conflicts).
     pub peers: peers::Peers,
+    /// Per ModelDeployment with `spec.cost`: the capacity samples of its window.
+    pub capacity: Mutex<HashMap<String, crate::capacity::Memory>>,
 }
 
 /// How often the built-in autoscaler reads metrics.
@@ -92,6 +96,7 @@ pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, ide
         last_sample: Mutex::new(HashMap::new()),
         sweeper: sweep::Sweeper::new(crate::lora::admin::http_client()),
         peers,
+        capacity: Mutex::new(HashMap::new()),
     });
     let runs = feeds
         .into_iter()
@@ -232,6 +237,10 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         );
         (scaled, deployments.get_opt(&name).await?)
     };
+    let capacity = match conflict {
+        Some(_) => md.status.as_ref().and_then(|s| s.capacity.clone()),
+        None => crate::capacity::observe(&md, &pods, &ctx).await,
+    };
 
     // Status, from what was observed.
     let now = Timestamp::now();
@@ -262,6 +271,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         last_scale_time: scaled.last_scale_time.clone(),
         recent_decisions: scaled.recent_decisions.clone(),
         autoscaler: scaled.autoscaler.clone(),
+        capacity,
     };
     if md.status.as_ref() != Some(&status) {
         let mds: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &ns);
@@ -287,6 +297,10 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         AUTOSCALE_INTERVAL
     } else {
         RESYNC_INTERVAL
+    };
+    let every = match md.spec.cost {
+        Some(_) => every.min(crate::capacity::SAMPLE_INTERVAL),
+        None => every,
     };
     Ok(Action::requeue(if clashes.is_empty() {
         every

@@ -60,6 +60,7 @@ pub struct Scaled {
     pub decision_reason: Option<String>,
 }
 
+/// Whether `pod` is Ready and not being deleted.
 pub(crate) fn is_ready(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod

@@ -48,6 +48,7 @@ fn context(client: Client) -> Arc<Context> {
         last_sample: Mutex::new(HashMap::new()),
         sweeper: super::sweep::Sweeper::new(crate::autoscaler::metrics::http_client()),
         peers: super::peers::Peers::empty(),
+        capacity: Mutex::new(HashMap::new()),
     })
 }
 

@@ -36,12 +36,61 @@ pub const REQUESTS_REJECTED: &str = "modelfleet_requests_rejected_total";
 /// Log lines (usage records) that could not be written, e.g. to a closed pipe (counter).
 pub const LOG_WRITE_ERRORS: &str = "modelfleet_log_write_errors_total";
 
-/// vLLM's name for [`REQUESTS_WAITING`] (label `model_name`).
+/// vLLM's name for [`REQUESTS_WAITING`] (labels `model_name`, `engine`). vLLM's whole set follows, as the
+/// runtime exports it beside ours (docs/operations.md lists types and labels).
 pub const VLLM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
-/// vLLM's name for [`REQUESTS_RUNNING`] (label `model_name`).
+/// vLLM's name for [`REQUESTS_RUNNING`] (labels `model_name`, `engine`).
 pub const VLLM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
-/// vLLM's name for [`KV_CACHE_USAGE_RATIO`] (label `model_name`).
+/// vLLM's name for [`KV_CACHE_USAGE_RATIO`] (labels `model_name`, `engine`).
 pub const VLLM_KV_CACHE_USAGE: &str = "vllm:kv_cache_usage_perc";
+/// vLLM's earlier name of [`VLLM_KV_CACHE_USAGE`] (gauge 0–1). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_GPU_CACHE_USAGE: &str = "vllm:gpu_cache_usage_perc";
+/// Prompt tokens looked up in the prefix cache (counter). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_PREFIX_CACHE_QUERIES: &str = "vllm:prefix_cache_queries_total";
+/// Prompt tokens found in the prefix cache (counter). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_PREFIX_CACHE_HITS: &str = "vllm:prefix_cache_hits_total";
+/// Preemptions (counter). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_PREEMPTIONS: &str = "vllm:num_preemptions_total";
+/// Prompt tokens processed (counter). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
+/// Prompt tokens served from the cache (counter). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_PROMPT_TOKENS_CACHED: &str = "vllm:prompt_tokens_cached_total";
+/// Tokens generated (counter). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_GENERATION_TOKENS: &str = "vllm:generation_tokens_total";
+/// Finished requests (counter, `finished_reason`). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_SUCCESS: &str = "vllm:request_success_total";
+/// Arrival to first token (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_TIME_TO_FIRST_TOKEN: &str = "vllm:time_to_first_token_seconds";
+/// Between consecutive tokens (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_INTER_TOKEN_LATENCY: &str = "vllm:inter_token_latency_seconds";
+/// vLLM's earlier name of [`VLLM_INTER_TOKEN_LATENCY`] (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_TIME_PER_OUTPUT_TOKEN: &str = "vllm:time_per_output_token_seconds";
+/// Per request: decode time ÷ (generated − 1) (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_TIME_PER_OUTPUT_TOKEN: &str = "vllm:request_time_per_output_token_seconds";
+/// Arrival to last token (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_E2E_REQUEST_LATENCY: &str = "vllm:e2e_request_latency_seconds";
+/// Time waiting (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_QUEUE_TIME: &str = "vllm:request_queue_time_seconds";
+/// Time running (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_INFERENCE_TIME: &str = "vllm:request_inference_time_seconds";
+/// Time in prefill (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_PREFILL_TIME: &str = "vllm:request_prefill_time_seconds";
+/// Time in decode (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_DECODE_TIME: &str = "vllm:request_decode_time_seconds";
+/// Prompt length per request (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_PROMPT_TOKENS: &str = "vllm:request_prompt_tokens";
+/// Generated length per request (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_GENERATION_TOKENS: &str = "vllm:request_generation_tokens";
+/// Largest generation per request (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_MAX_NUM_GENERATION_TOKENS: &str = "vllm:request_max_num_generation_tokens";
+/// The `n` parameter (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_PARAMS_N: &str = "vllm:request_params_n";
+/// The `max_tokens` parameter (histogram). vLLM's name, labels `model_name`, `engine`.
+pub const VLLM_REQUEST_PARAMS_MAX_TOKENS: &str = "vllm:request_params_max_tokens";
+/// The KV cache's configuration in labels (gauge at 1; labels `block_size`, `cache_dtype`, `enable_prefix_caching`, `num_gpu_blocks`, `kv_cache_memory_bytes`, `engine`).
+pub const VLLM_CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+/// Adapters loaded and in use in labels (gauge at the last change's time; labels `max_lora`, `running_lora_adapters`, `waiting_lora_adapters`: the inference extension's LoRA-affinity input).
+pub const VLLM_LORA_REQUESTS_INFO: &str = "vllm:lora_requests_info";
 
 /// Speculative decoding: verification runs with at least one drafted token (counter, `model`).
 pub const SPEC_DECODE_DRAFTS: &str = "modelfleet_spec_decode_drafts_total";
@@ -53,13 +102,13 @@ pub const SPEC_DECODE_ACCEPTED_TOKENS: &str = "modelfleet_spec_decode_accepted_t
 /// `position`).
 pub const SPEC_DECODE_ACCEPTED_PER_POSITION: &str =
     "modelfleet_spec_decode_accepted_tokens_per_position_total";
-/// vLLM's name for [`SPEC_DECODE_DRAFTS`] (label `model_name`).
+/// vLLM's name for [`SPEC_DECODE_DRAFTS`] (labels `model_name`, `engine`).
 pub const VLLM_SPEC_DECODE_DRAFTS: &str = "vllm:spec_decode_num_drafts_total";
-/// vLLM's name for [`SPEC_DECODE_DRAFT_TOKENS`] (label `model_name`).
+/// vLLM's name for [`SPEC_DECODE_DRAFT_TOKENS`] (labels `model_name`, `engine`).
 pub const VLLM_SPEC_DECODE_DRAFT_TOKENS: &str = "vllm:spec_decode_num_draft_tokens_total";
-/// vLLM's name for [`SPEC_DECODE_ACCEPTED_TOKENS`] (label `model_name`).
+/// vLLM's name for [`SPEC_DECODE_ACCEPTED_TOKENS`] (labels `model_name`, `engine`).
 pub const VLLM_SPEC_DECODE_ACCEPTED_TOKENS: &str = "vllm:spec_decode_num_accepted_tokens_total";
-/// vLLM's name for [`SPEC_DECODE_ACCEPTED_PER_POSITION`] (labels `model_name`, `position`).
+/// vLLM's name for [`SPEC_DECODE_ACCEPTED_PER_POSITION`] (labels `model_name`, `engine`, `position`).
 pub const VLLM_SPEC_DECODE_ACCEPTED_PER_POSITION: &str = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
 
 /// Gateway: requests answered (counter, `namespace`, `model_deployment`, `tenant`, `outcome`).

@@ -12,6 +12,8 @@
 //! - [`gen_model`]: `gen-model`, random-weight Llama-family models of real shapes in Hugging Face layout.
 //!
 //! - [`serve`]: `serve`, the OpenAI-compatible server around the engine, and its admin listener.
+//! - [`plan`]: `plan`, the memory arithmetic of a model (weights, KV per token and request, FLOPs, the
+//!   KV pool a memory size buys), with the same sizing code as `serve`.
 //!
 //! - [`gen_adapter`]: `gen-adapter`, random PEFT LoRA adapters for a base model.
 //! - [`adapters`]: multi-LoRA's registry (names, generations, tenants, residency), source policy,
@@ -26,6 +28,7 @@ pub mod gen_adapter;
 pub mod gen_model;
 pub mod logging;
 pub mod metrics;
+pub mod plan;
 pub mod serve;
 pub mod spec_metrics;
 pub use modelfleet_api::tenants;

@@ -3,6 +3,8 @@
 //! - `digest PATH` prints the canonical digest of a model or adapter directory, or of one file.
 //! - `gen-model DIR --shape S --seed N [--dtype D] [--format safetensors|gguf]` writes a random-weight
 //!   model in Hugging Face layout (or one GGUF file).
+//! - `plan --model PATH|--config config.json [--max-model-len N] [--concurrency C] [--memory BYTES]`
+//!   prints the memory arithmetic: weights, KV bytes per token and request, FLOPs, the KV pool that fits.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -31,6 +33,9 @@ enum Command {
     GenModel(modelfleet_runtime::gen_model::GenModelArgs),
     /// Write a random PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) for a base model.
     GenAdapter(modelfleet_runtime::gen_adapter::GenAdapterArgs),
+    /// Print a model's memory arithmetic: weights, KV bytes per token and per request, FLOPs per token,
+    /// and the KV pool `serve` would allocate in a given memory size.
+    Plan(modelfleet_runtime::plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +44,7 @@ fn main() -> ExitCode {
         Command::Fetch(args) => modelfleet_runtime::fetch_cmd::run(args),
         Command::GenModel(args) => modelfleet_runtime::gen_model::run(args),
         Command::GenAdapter(args) => modelfleet_runtime::gen_adapter::run(args),
+        Command::Plan(args) => modelfleet_runtime::plan::run(args),
         Command::Digest { path } => match modelfleet_runtime::digest::digest_path(&path) {
             Ok(d) => {
                 println!("{d}");

@@ -1,6 +1,7 @@
 //! Speculative decoding metrics under vLLM's names — `vllm:spec_decode_num_drafts_total`,
 //! `vllm:spec_decode_num_draft_tokens_total`, `vllm:spec_decode_num_accepted_tokens_total` and
-//! `vllm:spec_decode_num_accepted_tokens_per_pos_total{position}` (label `model_name`) — and their
+//! `vllm:spec_decode_num_accepted_tokens_per_pos_total{position}` (labels `model_name` and `engine`
+//! = "0", as vLLM's other metrics here) — and their
 //! `modelfleet_` twins (label `model`): `modelfleet_spec_decode_drafts_total`,
 //! `modelfleet_spec_decode_draft_tokens_total`, `modelfleet_spec_decode_accepted_tokens_total`,
 //! `modelfleet_spec_decode_accepted_tokens_per_position_total{position}`.
@@ -23,14 +24,12 @@ struct Twin {
 
 impl Twin {
     fn new(registry: &Registry, ours: &str, vllm: &str, help: &str, extra: Option<&str>) -> Self {
-        let labels = |base: &'static str| -> Vec<&str> { std::iter::once(base).chain(extra).collect() };
+        let ours_labels: Vec<&str> = std::iter::once("model").chain(extra).collect();
+        let vllm_labels: Vec<&str> = ["model_name", "engine"].into_iter().chain(extra).collect();
         let t = Self {
-            ours: IntCounterVec::new(Opts::new(ours, help), &labels("model")).expect("valid metric"),
-            vllm: IntCounterVec::new(
-                Opts::new(vllm, format!("{help} (vLLM's name)")),
-                &labels("model_name"),
-            )
-            .expect("valid metric"),
+            ours: IntCounterVec::new(Opts::new(ours, help), &ours_labels).expect("valid metric"),
+            vllm: IntCounterVec::new(Opts::new(vllm, format!("{help} (vLLM's name)")), &vllm_labels)
+                .expect("valid metric"),
         };
         registry
             .register(Box::new(t.ours.clone()))
@@ -41,10 +40,12 @@ impl Twin {
         t
     }
 
-    /// Raises both counters of `labels` to `value`.
-    fn set(&self, labels: &[&str], value: u64) {
-        for c in [&self.ours, &self.vllm] {
-            let c = c.with_label_values(labels);
+    /// Raises both counters of `model` (and `extra`, e.g. the position) to `value`.
+    fn set(&self, model: &str, extra: Option<&str>, value: u64) {
+        let ours: Vec<&str> = std::iter::once(model).chain(extra).collect();
+        let vllm: Vec<&str> = [model, "0"].into_iter().chain(extra).collect();
+        for (c, labels) in [(&self.ours, ours), (&self.vllm, vllm)] {
+            let c = c.with_label_values(&labels);
             c.inc_by(value.saturating_sub(c.get()));
         }
     }
@@ -98,11 +99,11 @@ impl SpecMetrics {
     /// Copies the step loop's counters.
     pub fn refresh(&self, c: &SpecCounters) {
         let m = self.model.as_str();
-        self.drafts.set(&[m], c.drafts);
-        self.draft_tokens.set(&[m], c.draft_tokens);
-        self.accepted.set(&[m], c.accepted_tokens);
+        self.drafts.set(m, None, c.drafts);
+        self.draft_tokens.set(m, None, c.draft_tokens);
+        self.accepted.set(m, None, c.accepted_tokens);
         for (pos, &n) in c.accepted_per_position.iter().enumerate() {
-            self.per_position.set(&[m, &pos.to_string()], n);
+            self.per_position.set(m, Some(&pos.to_string()), n);
         }
     }
 }
@@ -125,13 +126,13 @@ mod tests {
         let text = String::from_utf8(buf).unwrap();
         for line in [
             "modelfleet_spec_decode_drafts_total{model=\"tiny\"} 2",
-            "vllm:spec_decode_num_drafts_total{model_name=\"tiny\"} 2",
+            "vllm:spec_decode_num_drafts_total{engine=\"0\",model_name=\"tiny\"} 2",
             "modelfleet_spec_decode_draft_tokens_total{model=\"tiny\"} 7",
-            "vllm:spec_decode_num_draft_tokens_total{model_name=\"tiny\"} 7",
+            "vllm:spec_decode_num_draft_tokens_total{engine=\"0\",model_name=\"tiny\"} 7",
             "modelfleet_spec_decode_accepted_tokens_total{model=\"tiny\"} 5",
-            "vllm:spec_decode_num_accepted_tokens_total{model_name=\"tiny\"} 5",
+            "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\",model_name=\"tiny\"} 5",
             "modelfleet_spec_decode_accepted_tokens_per_position_total{model=\"tiny\",position=\"0\"} 2",
-            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"2\"} 1",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{engine=\"0\",model_name=\"tiny\",position=\"2\"} 1",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

@@ -9,6 +9,9 @@
 //! no request sees another scope's block; a request's table always covers every token the model has been
 //! asked to compute for it.
 //!
+//! How many blocks there are is decided in one place, [`sizing`] (from `--num-kv-blocks`,
+//! `--kv-cache-memory-bytes`, a memory limit, or the default).
+//!
 //! Block pools: the minimal [`FreeListPool`] (what the manager uses today) and the prefix-caching
 //! [`PrefixCachingPool`] (Engine II; the manager's prefix lookup and block registration come with the
 //! scheduler).
@@ -19,6 +22,7 @@ mod free_queue;
 pub mod hash;
 mod manager;
 mod prefix_pool;
+pub mod sizing;
 
 pub use block_pool::{BlockId, BlockPool, FreeListPool};
 pub use cache::KvCache;

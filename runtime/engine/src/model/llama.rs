@@ -256,7 +256,7 @@ impl<K: Kernels> LlamaModel<K> {
         };
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let inter = c.intermediate_size;
-        let need = [h, h, q_w, kv_w, kv_w, q_w, h, inter, inter, inter].map(|w| rows * w);
+        let need = super::scratch::row_widths(c).map(|w| rows * w);
         let [
             mut x,
             mut xn,

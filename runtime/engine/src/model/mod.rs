@@ -13,4 +13,5 @@ pub use batch::{Logits, LogitsRows, SeqInput};
 pub(crate) use config::token_ids;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use llama::LlamaModel;
+pub use scratch::workspace_bytes;
 pub use weights::Weights;

@@ -11,7 +11,39 @@
 //! largest step seen (bounded by `max_num_batched_tokens` rows), as a per-step allocation's peak was; the
 //! serving loop releases them whenever it runs out of work, so memory at rest does not keep a burst's peak.
 
+use super::config::ModelConfig;
 use modelfleet_kernels::Kernels;
+
+/// Per-row widths (in f32 elements) of the step's activation slots 0..10, in slot order: residual,
+/// normed, q, k, v, attention output, projection, gate, up, activation. [`super::LlamaModel`] takes its
+/// buffers with these widths, and [`workspace_bytes`] sizes memory with the same ones.
+pub(crate) fn row_widths(c: &ModelConfig) -> [usize; 10] {
+    let (h, inter) = (c.hidden_size, c.intermediate_size);
+    let (q_w, kv_w) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    [h, h, q_w, kv_w, kv_w, q_w, h, inter, inter, inter]
+}
+
+/// The most memory a step's buffers take (bytes): the activation slots for `max_batched_tokens` rows,
+/// the logits path (two hidden-wide rows, the backend's logits and their host copy) for one row per
+/// sequence, and LoRA's per-group buffers at `max_lora_rank`. What a memory-sized KV pool leaves for
+/// them (`kv::sizing`).
+pub fn workspace_bytes(
+    c: &ModelConfig,
+    max_batched_tokens: usize,
+    max_num_seqs: usize,
+    max_lora_rank: usize,
+) -> u64 {
+    let rows = max_batched_tokens as u64;
+    let logit_rows = max_num_seqs.min(max_batched_tokens) as u64;
+    let activations: u64 = row_widths(c).iter().map(|&w| w as u64).sum::<u64>() * rows;
+    let logits = logit_rows * (2 * c.hidden_size as u64 + 2 * c.vocab_size as u64);
+    let widest = c
+        .hidden_size
+        .max(c.num_heads * c.head_dim)
+        .max(c.intermediate_size) as u64;
+    let lora = rows * (2 * widest + max_lora_rank as u64);
+    4 * (activations + logits + lora)
+}
 
 /// Reusable buffers by slot, each with its length in elements, and the host copy of the logits.
 pub(crate) struct Scratch<K: Kernels> {

@@ -176,6 +176,22 @@ impl Weights {
         v
     }
 
+    /// Bytes of every tensor as stored, by element type (`f32`, `f16`, `bf16`, a GGML format such as
+    /// `q4_1`, or `unsupported` for tensors the engine cannot read), sorted by type. What `plan`
+    /// reports and what a memory-sized KV pool subtracts for the weights (`kv::sizing`): packed copies
+    /// keep the stored element type, and quantized weights are read in place.
+    pub fn stored_bytes(&self) -> Vec<(String, u64)> {
+        let mut by: BTreeMap<String, u64> = BTreeMap::new();
+        for e in self.tensors.values() {
+            let name = e
+                .dtype
+                .as_ref()
+                .map_or("unsupported".to_string(), |d| d.to_string());
+            *by.entry(name).or_default() += (e.end - e.start) as u64;
+        }
+        by.into_iter().collect()
+    }
+
     /// Drops this table's hold on the mapped files once the engine holds its weights (packed copies, or
     /// its own handles on the maps for weights read in place), so each map lives exactly as long as
     /// some weight reads it: an f16 model whose matrices were all packed unmaps its file, instead of

@@ -5,6 +5,7 @@
 //! Invariants: gauges are reset before each refresh, so an adapter with no requests left disappears
 //! instead of reporting stale counts; label values are served names, never URIs or tokens.
 
+use modelfleet_api::metric_names as names;
 use modelfleet_engine::sched::AdapterCount;
 use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use std::time::Duration;
@@ -73,7 +74,7 @@ impl LoraMetrics {
             .expect("valid metric"),
             vllm_info: GaugeVec::new(
                 Opts::new(
-                    "vllm:lora_requests_info",
+                    names::VLLM_LORA_REQUESTS_INFO,
                     "Running stats on LoRA requests (vLLM's alias)",
                 ),
                 &["running_lora_adapters", "waiting_lora_adapters", "max_lora"],

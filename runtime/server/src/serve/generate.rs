@@ -99,6 +99,8 @@ pub fn submit(st: &AppState, job: &JobSpec, choices: Vec<ChoiceSpec>) -> Result<
         max_queued_requests: st.tenant_queue_share,
     };
     let deadline = job.deadline(st);
+    let n = choices.iter().filter(|c| c.prompt_index == 0).count();
+    let max_tokens = choices.first().and_then(|c| c.params.max_tokens).unwrap_or(0);
     let scope = st.cache_scope(&job.tenant);
     let mut places = Vec::with_capacity(choices.len());
     let requests = choices
@@ -119,15 +121,18 @@ pub fn submit(st: &AppState, job: &JobSpec, choices: Vec<ChoiceSpec>) -> Result<
         })
         .collect();
     match st.engine.submit_group(requests, quota) {
-        Ok(streams) => Ok(places
-            .into_iter()
-            .zip(streams)
-            .map(|((index, prompt_index), stream)| Running {
-                index,
-                prompt_index,
-                stream,
-            })
-            .collect()),
+        Ok(streams) => {
+            st.metrics.request_params(n, max_tokens);
+            Ok(places
+                .into_iter()
+                .zip(streams)
+                .map(|((index, prompt_index), stream)| Running {
+                    index,
+                    prompt_index,
+                    stream,
+                })
+                .collect())
+        }
         Err(r) => {
             st.metrics
                 .requests_rejected
@@ -171,9 +176,7 @@ impl ChoiceOut {
                 let now = Instant::now();
                 if let Some(prev) = self.last_token {
                     st.metrics
-                        .inter_token_latency
-                        .with_label_values(&[&st.served_name, tenant])
-                        .observe((now - prev).as_secs_f64());
+                        .inter_token(&st.served_name, tenant, (now - prev).as_secs_f64());
                 }
                 self.last_token = Some(now);
                 self.tokens.push(t.token);
@@ -222,34 +225,10 @@ pub fn early_failure(st: &AppState, f: &Finished) -> Option<ApiError> {
 /// Counts a finished request and writes its usage line (the engine's finish hook: it runs for every
 /// request, also those whose client is gone).
 pub fn record(metrics: &RuntimeMetrics, model: &str, tenant: &str, f: &Finished) {
-    let m = metrics;
-    let l = [model, tenant];
+    metrics.finished(model, tenant, f);
     let u = f.usage;
-    m.requests
-        .with_label_values(&[model, tenant, f.reason.as_str()])
-        .inc();
-    for (counter, n) in [
-        (&m.prompt_tokens, u.prompt_tokens),
-        (&m.cached_prompt_tokens, u.cached_tokens),
-        (&m.prefix_cache_queries, u.prompt_tokens),
-        (&m.prefix_cache_hits, u.cached_tokens),
-        (&m.generation_tokens, u.completion_tokens),
-    ] {
-        counter.with_label_values(&l).inc_by(n as u64);
-    }
     let t = f.timings;
     let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
-    m.request_latency
-        .with_label_values(&l)
-        .observe(secs(t.arrival, t.finished));
-    if let Some(s) = t.first_scheduled {
-        m.queue_time.with_label_values(&l).observe(secs(t.arrival, s));
-    }
-    if let Some(ft) = t.first_token {
-        m.time_to_first_token
-            .with_label_values(&l)
-            .observe(secs(t.arrival, ft));
-    }
     let line = serde_json::json!({
         "event": "request_finished",
         "model": model,
@@ -265,7 +244,7 @@ pub fn record(metrics: &RuntimeMetrics, model: &str, tenant: &str, f: &Finished)
     });
     // On the engine thread: a closed stdout must lose the line, never panic the engine.
     if !crate::logging::stdout_line(&line.to_string()) {
-        m.log_write_errors.inc();
+        metrics.log_write_errors.inc();
     }
 }
 

@@ -9,6 +9,7 @@
 mod admin;
 mod body;
 mod generate;
+pub mod memory;
 mod openai;
 pub mod openapi;
 pub mod params;
@@ -35,7 +36,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// `serve` flags; each can also come from `MODELFLEET_<FLAG_IN_CAPS>`.
+/// `--max-num-seqs` default (also `plan`'s, whose arithmetic must match).
+pub const DEFAULT_MAX_NUM_SEQS: usize = 64;
+/// `--max-num-batched-tokens` default.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 512;
+/// `--block-size` default.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+/// `--max-lora-rank` default.
+pub const DEFAULT_MAX_LORA_RANK: usize = 16;
+
 /// `--kv-cache-dtype` (vLLM's flag; `auto` is the engine's compute type, f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvCacheDType {
@@ -49,6 +58,26 @@ pub enum KvCacheDType {
     Float16,
 }
 
+impl KvCacheDType {
+    /// The engine's element type.
+    pub fn kv_dtype(self) -> KvDType {
+        match self {
+            KvCacheDType::Auto | KvCacheDType::Float32 => KvDType::F32,
+            KvCacheDType::Float16 => KvDType::F16,
+        }
+    }
+
+    /// The flag's value, as `vllm:cache_config_info` reports it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheDType::Auto => "auto",
+            KvCacheDType::Float32 => "float32",
+            KvCacheDType::Float16 => "float16",
+        }
+    }
+}
+
+/// `serve` flags; each can also come from `MODELFLEET_<FLAG_IN_CAPS>`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     /// A Hugging Face model directory, a `.gguf` file, or a directory holding exactly one.
@@ -82,10 +111,14 @@ pub struct ServeArgs {
     #[arg(long, env = "MODELFLEET_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
     /// Most sequences in one batch.
-    #[arg(long, env = "MODELFLEET_MAX_NUM_SEQS", default_value_t = 64)]
+    #[arg(long, env = "MODELFLEET_MAX_NUM_SEQS", default_value_t = DEFAULT_MAX_NUM_SEQS)]
     pub max_num_seqs: usize,
     /// Most tokens computed in one step.
-    #[arg(long, env = "MODELFLEET_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
+    #[arg(
+        long,
+        env = "MODELFLEET_MAX_NUM_BATCHED_TOKENS",
+        default_value_t = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    )]
     pub max_num_batched_tokens: usize,
     /// Most requests waiting; more get 429.
     #[arg(long, env = "MODELFLEET_MAX_NUM_QUEUED_REQS", default_value_t = 256)]
@@ -94,17 +127,26 @@ pub struct ServeArgs {
     #[arg(long, env = "MODELFLEET_MAX_NUM_QUEUED_TOKENS", default_value_t = 262_144)]
     pub max_num_queued_tokens: usize,
     /// Tokens per KV block.
-    #[arg(long, env = "MODELFLEET_BLOCK_SIZE", default_value_t = 16)]
+    #[arg(long, env = "MODELFLEET_BLOCK_SIZE", default_value_t = DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,
     /// Element type of the KV cache: `auto` and `float32` keep exactly what the model computed;
     /// `float16` (llama.cpp's default cache type) halves the cache's memory and the bytes attention
     /// reads, rounding each cached key and value to f16.
     #[arg(long, env = "MODELFLEET_KV_CACHE_DTYPE", value_enum, default_value = "auto")]
     pub kv_cache_dtype: KvCacheDType,
-    /// KV blocks (default: enough for `--max-num-seqs` sequences of 2,048 tokens or the context, if
-    /// shorter).
+    /// KV blocks, exactly (overrides `--kv-cache-memory-bytes` and the memory limit; may be smaller
+    /// than a context, and requests that do not fit get 413).
     #[arg(long, env = "MODELFLEET_NUM_KV_BLOCKS")]
     pub num_kv_blocks: Option<usize>,
+    /// Bytes of KV-cache storage (vLLM's flag; `8Gi`, `8G`, `8g` accepted); overrides the memory limit.
+    #[arg(long, env = "MODELFLEET_KV_CACHE_MEMORY_BYTES", value_parser = memory::parse_bytes)]
+    pub kv_cache_memory_bytes: Option<u64>,
+    /// The process's memory limit: the KV pool gets what is left after the weights, the step
+    /// workspace and a headroom (docs/capacity.md). In a pod the operator sets it from the downward
+    /// API's `limits.memory`; without it the cgroup's limit applies, and with neither a default pool
+    /// (`--max-num-seqs` sequences of up to 2,048 tokens, at least one context).
+    #[arg(long, env = "MODELFLEET_MEMORY_LIMIT_BYTES", value_parser = memory::parse_bytes)]
+    pub memory_limit_bytes: Option<u64>,
     /// Reuse cached prompt prefixes.
     #[arg(
         long,
@@ -130,7 +172,7 @@ pub struct ServeArgs {
     #[arg(long, env = "MODELFLEET_MAX_CPU_LORAS")]
     pub max_cpu_loras: Option<usize>,
     /// Largest LoRA rank accepted.
-    #[arg(long, env = "MODELFLEET_MAX_LORA_RANK", default_value_t = 16)]
+    #[arg(long, env = "MODELFLEET_MAX_LORA_RANK", default_value_t = DEFAULT_MAX_LORA_RANK)]
     pub max_lora_rank: usize,
     /// Adapters to load before `/ready` turns 200 (JSON `{"adapters": [{name, uri, digest, tenants}]}`).
     #[arg(long, env = "MODELFLEET_ADAPTERS_FILE")]
@@ -281,12 +323,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let (threads, block_size, max_num_seqs) = (args.threads, args.block_size, args.max_num_seqs);
-    let (num_kv_blocks, max_model_len) = (args.num_kv_blocks, args.max_model_len);
+    let max_model_len = args.max_model_len;
     let max_loras = args.max_loras;
-    let kv_cache_dtype = match args.kv_cache_dtype {
-        KvCacheDType::Auto | KvCacheDType::Float32 => KvDType::F32,
-        KvCacheDType::Float16 => KvDType::F16,
-    };
+    let kv_cache_dtype = args.kv_cache_dtype.kv_dtype();
     let max_cpu_loras = args.max_cpu_loras.unwrap_or(max_loras);
     if max_loras == 0 || max_cpu_loras < max_loras || !(1..=512).contains(&args.max_lora_rank) {
         bail!(
@@ -349,17 +388,38 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let name = served_name(&args);
     let (m, n) = (metrics.clone(), name.clone());
     let hook: FinishHook = Arc::new(move |tenant, f| generate::record(&m, &n, tenant, f));
+    let pool_flags = memory::PoolFlags {
+        num_kv_blocks: args.num_kv_blocks,
+        kv_cache_memory_bytes: args.kv_cache_memory_bytes,
+        memory_limit_bytes: args.memory_limit_bytes,
+    };
+    let pool_settings = memory::PoolSettings {
+        block_size,
+        kv_elem_bytes: kv_cache_dtype.bytes(),
+        max_model_len,
+        max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_lora_rank: args.max_lora_rank,
+    };
     let load = move || {
         let md = ModelDir::open(&path)?;
-        let context = max_model_len.unwrap_or(md.config.max_position_embeddings);
-        // Default pool: `--max-num-seqs` sequences of up to 2,048 tokens, and at least one full context
-        // so every request that fits the context can run. KV is allocated as tokens arrive, so this
-        // bounds memory, not what one request may use.
-        let tokens = (max_num_seqs.max(1) * context.min(2048)).max(context);
+        let draft = match draft {
+            Some((path, k)) => Some((ModelDir::open(&path)?, k)),
+            None => None,
+        };
+        // The pool's size, from the flags or the memory limit (one place: `kv::sizing`), logged with
+        // its arithmetic; a draft model's weights and KV come out of the same budget.
+        let pool = memory::plan(
+            &md,
+            draft.as_ref().map(|(d, k)| (d, *k)),
+            &memory::pool_source(&pool_flags),
+            &pool_settings,
+        )?;
+        eprintln!("serve: {pool}");
         let cfg = EngineConfig {
             threads,
             block_size,
-            num_kv_blocks: Some(num_kv_blocks.unwrap_or(tokens.div_ceil(block_size.max(1)))),
+            num_kv_blocks: Some(pool.blocks),
             max_model_len,
             max_num_seqs,
             max_loras,
@@ -371,18 +431,24 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "compute kernels chosen"
         );
         let mut engine = Engine::load_with(md, kernels, &cfg)?;
-        if let Some((path, k)) = draft {
+        if let Some((d, k)) = draft {
             // The draft cache mirrors the target's requests without prefix sharing, plus each
             // sequence's draft positions.
-            let blocks = engine.num_kv_blocks() + max_num_seqs.max(1) * (k.div_ceil(block_size.max(1)) + 1);
-            engine.attach_draft(ModelDir::open(&path)?, blocks)?;
+            let blocks = engine.num_kv_blocks() + memory::draft_extra_blocks(max_num_seqs, k, block_size);
+            engine.attach_draft(d, blocks)?;
         }
+        eprintln!(
+            "serve: KV storage allocated: {} bytes ({} blocks)",
+            engine.kv_cache_bytes(),
+            engine.num_kv_blocks()
+        );
         Ok(engine)
     };
     let engine =
         tokio::task::spawn_blocking(move || EngineHandle::start_with_hook(load, sched, queue, Some(hook)))
             .await?
             .with_context(|| format!("loading {}", args.model.display()))?;
+    init_vllm_metrics(&metrics, &name, &engine, &args);
     let startup_adapters = match &args.adapters_file {
         Some(p) => Some(
             crate::adapters::startup::read(p).with_context(|| format!("--adapters-file {}", p.display()))?,
@@ -556,6 +622,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Registers vLLM's metric aliases now that the pool and the context are known.
+fn init_vllm_metrics(
+    metrics: &crate::metrics::RuntimeMetrics,
+    name: &str,
+    engine: &EngineHandle,
+    args: &ServeArgs,
+) {
+    let c = &engine.model_dir().config;
+    let elem = args.kv_cache_dtype.kv_dtype().bytes();
+    let tokens = engine.kv_capacity_tokens();
+    let bytes_per_token = 2 * (c.num_layers * c.num_kv_heads * c.head_dim * elem) as u64;
+    let cache = crate::metrics::vllm::CacheConfigInfo {
+        block_size: args.block_size,
+        num_gpu_blocks: tokens / args.block_size.max(1),
+        cache_dtype: args.kv_cache_dtype.name().into(),
+        enable_prefix_caching: !args.no_enable_prefix_caching,
+        kv_cache_memory_bytes: tokens as u64 * bytes_per_token,
+    };
+    metrics.init_vllm(name, engine.max_model_len(), &cache);
 }
 
 async fn shutdown_signal() {

@@ -120,16 +120,7 @@ impl AppState {
     /// Copies the engine's latest stats into the gauges (at scrape time).
     pub fn refresh_gauges(&self) {
         let s = self.engine.stats();
-        self.metrics.set_engine(
-            &self.served_name,
-            EngineGauges {
-                waiting: s.waiting as i64,
-                running: s.running as i64,
-                blocks_in_use: s.kv_blocks_in_use as u64,
-                blocks_cached: s.kv_blocks_cached as u64,
-                blocks_total: s.kv_blocks_total as u64,
-            },
-        );
+        self.metrics.set_engine(&self.served_name, EngineGauges::from(&s));
         self.adapters.metrics().refresh(&s.adapters);
         self.spec_metrics.refresh(&s.spec);
     }

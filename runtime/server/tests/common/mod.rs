@@ -70,6 +70,23 @@ pub fn start(extra: &[&str], setup: impl FnOnce(&Path) -> Vec<String>) -> Server
     start_with_stdout(extra, setup, Stdio::null())
 }
 
+/// [`start`] with environment variables set on the server (e.g. `MODELFLEET_MEMORY_LIMIT_BYTES`, as a
+/// pod's downward API sets it).
+pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    start_model_full(
+        dir,
+        model,
+        "tiny",
+        &["--threads", "1"],
+        extra,
+        |_| vec![],
+        Stdio::null(),
+        env,
+    )
+}
+
 /// [`start`], with the server's stdout (its usage records) going to `stdout`.
 pub fn start_with_stdout(extra: &[&str], setup: impl FnOnce(&Path) -> Vec<String>, stdout: Stdio) -> Server {
     let dir = tempfile::tempdir().unwrap();
@@ -125,6 +142,21 @@ pub fn start_model_with_stdout(
     setup: impl FnOnce(&Path) -> Vec<String>,
     stdout: Stdio,
 ) -> Server {
+    start_model_full(dir, model, name, flags, extra, setup, stdout, &[])
+}
+
+/// [`start_model_with_stdout`] with environment variables set on the server.
+#[allow(clippy::too_many_arguments)]
+pub fn start_model_full(
+    dir: tempfile::TempDir,
+    model: PathBuf,
+    name: &str,
+    flags: &[&str],
+    extra: &[&str],
+    setup: impl FnOnce(&Path) -> Vec<String>,
+    stdout: Stdio,
+    env: &[(&str, &str)],
+) -> Server {
     let more = setup(dir.path());
     let (port, admin_port) = (free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
@@ -141,6 +173,7 @@ pub fn start_model_with_stdout(
         ])
         .args(extra)
         .args(&more)
+        .envs(env.iter().copied())
         .env_remove("POD_IP")
         .stdout(stdout)
         .spawn()

@@ -1,16 +1,22 @@
-//! The runtime's Prometheus metrics, with the names fixed by docs/design.md, `model` and `tenant` labels where
-//! they apply, and the vLLM-compatible aliases (`vllm:num_requests_waiting`, `vllm:num_requests_running`,
-//! `vllm:kv_cache_usage_perc`) so existing dashboards, KEDA triggers and the Gateway API inference
-//! extension work unchanged.
+//! The runtime's Prometheus metrics, with the names fixed by docs/design.md and `model` and `tenant` labels
+//! where they apply, plus vLLM's whole metric set as aliases ([`vllm`]) so existing dashboards, KEDA
+//! triggers and the Gateway API inference extension work unchanged.
 //!
 //! Invariants: the gauges describe the engine as of its last step (the step loop sets them, nothing
 //! else); `kv_cache_usage_ratio` counts blocks referenced by live requests only (evictable cached blocks
-//! do not count); every counter only grows; label values are tenant ids and served names, never keys.
+//! do not count); every counter only grows; label values are tenant ids and served names, never keys;
+//! a finished request is counted once, here, in ours and vLLM's alike ([`RuntimeMetrics::finished`]).
 
 use modelfleet_api::metric_names as names;
+pub mod vllm;
+
+use modelfleet_engine::sched::Finished;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use std::sync::OnceLock;
+use std::time::Instant;
+use vllm::{CacheConfigInfo, EngineCounters, VllmMetrics};
 
 /// TTFT and whole-request latency buckets: from 10 ms (a warm prefix) to 10 minutes (a long queue).
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -56,9 +62,8 @@ pub struct RuntimeMetrics {
     pub requests_rejected: IntCounterVec,
     /// `modelfleet_log_write_errors_total`: usage records lost to a closed or broken stdout.
     pub log_write_errors: prometheus::IntCounter,
-    vllm_waiting: IntGaugeVec,
-    vllm_running: IntGaugeVec,
-    vllm_kv_usage: GaugeVec,
+    /// vLLM's metrics, registered once the engine is loaded (their buckets follow `max_model_len`).
+    vllm: OnceLock<VllmMetrics>,
 }
 
 fn gauge(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
@@ -154,21 +159,7 @@ impl Default for RuntimeMetrics {
                 "Usage records that could not be written to stdout (closed or broken pipe)",
             )
             .expect("valid metric"),
-            vllm_waiting: gauge(
-                names::VLLM_REQUESTS_WAITING,
-                "Alias of modelfleet_requests_waiting",
-                &["model_name"],
-            ),
-            vllm_running: gauge(
-                names::VLLM_REQUESTS_RUNNING,
-                "Alias of modelfleet_requests_running",
-                &["model_name"],
-            ),
-            vllm_kv_usage: fgauge(
-                names::VLLM_KV_CACHE_USAGE,
-                "Alias of modelfleet_kv_cache_usage_ratio (0-1)",
-                &["model_name"],
-            ),
+            vllm: OnceLock::new(),
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
             Box::new(m.requests_waiting.clone()),
@@ -187,9 +178,6 @@ impl Default for RuntimeMetrics {
             Box::new(m.requests.clone()),
             Box::new(m.requests_rejected.clone()),
             Box::new(m.log_write_errors.clone()),
-            Box::new(m.vllm_waiting.clone()),
-            Box::new(m.vllm_running.clone()),
-            Box::new(m.vllm_kv_usage.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("unique metric names");
@@ -211,6 +199,25 @@ pub struct EngineGauges {
     pub blocks_cached: u64,
     /// All KV blocks.
     pub blocks_total: u64,
+    /// The engine's cumulative preemption and prefix-cache counters.
+    pub counters: EngineCounters,
+}
+
+impl From<&modelfleet_engine::sched::Stats> for EngineGauges {
+    fn from(s: &modelfleet_engine::sched::Stats) -> Self {
+        EngineGauges {
+            waiting: s.waiting as i64,
+            running: s.running as i64,
+            blocks_in_use: s.kv_blocks_in_use as u64,
+            blocks_cached: s.kv_blocks_cached as u64,
+            blocks_total: s.kv_blocks_total as u64,
+            counters: EngineCounters {
+                preemptions: s.counters.preemptions,
+                prefix_queries: s.counters.prefix_query_tokens,
+                prefix_hits: s.counters.prefix_hit_tokens,
+            },
+        }
+    }
 }
 
 impl RuntimeMetrics {
@@ -227,9 +234,67 @@ impl RuntimeMetrics {
         self.kv_cache_cached_blocks
             .with_label_values(&[model])
             .set(g.blocks_cached as i64);
-        self.vllm_waiting.with_label_values(&[model]).set(g.waiting);
-        self.vllm_running.with_label_values(&[model]).set(g.running);
-        self.vllm_kv_usage.with_label_values(&[model]).set(usage);
+        if let Some(v) = self.vllm.get() {
+            v.set_engine(g.waiting, g.running, usage, g.counters);
+        }
+    }
+
+    /// Registers vLLM's metrics for `model` once the engine is loaded (a second call changes nothing).
+    pub fn init_vllm(&self, model: &str, max_model_len: usize, cache: &CacheConfigInfo) {
+        self.vllm
+            .get_or_init(|| VllmMetrics::new(&self.registry, model, max_model_len, cache));
+    }
+
+    /// One gap between consecutive tokens of a request, in ours and vLLM's histograms.
+    pub fn inter_token(&self, model: &str, tenant: &str, secs: f64) {
+        self.inter_token_latency
+            .with_label_values(&[model, tenant])
+            .observe(secs);
+        if let Some(v) = self.vllm.get() {
+            v.inter_token(secs);
+        }
+    }
+
+    /// An accepted request's `n` (choices per prompt) and `max_tokens`, for vLLM's histograms.
+    pub fn request_params(&self, n: usize, max_tokens: usize) {
+        if let Some(v) = self.vllm.get() {
+            v.request_params(n, max_tokens);
+        }
+    }
+
+    /// Counts a finished request of `tenant` on `model`: tokens, finish reason, latencies — ours and
+    /// vLLM's.
+    pub fn finished(&self, model: &str, tenant: &str, f: &Finished) {
+        let l = [model, tenant];
+        let u = f.usage;
+        self.requests
+            .with_label_values(&[model, tenant, f.reason.as_str()])
+            .inc();
+        for (counter, n) in [
+            (&self.prompt_tokens, u.prompt_tokens),
+            (&self.cached_prompt_tokens, u.cached_tokens),
+            (&self.prefix_cache_queries, u.prompt_tokens),
+            (&self.prefix_cache_hits, u.cached_tokens),
+            (&self.generation_tokens, u.completion_tokens),
+        ] {
+            counter.with_label_values(&l).inc_by(n as u64);
+        }
+        let t = f.timings;
+        let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+        self.request_latency
+            .with_label_values(&l)
+            .observe(secs(t.arrival, t.finished));
+        if let Some(s) = t.first_scheduled {
+            self.queue_time.with_label_values(&l).observe(secs(t.arrival, s));
+        }
+        if let Some(ft) = t.first_token {
+            self.time_to_first_token
+                .with_label_values(&l)
+                .observe(secs(t.arrival, ft));
+        }
+        if let Some(v) = self.vllm.get() {
+            v.finished(f);
+        }
     }
 
     /// The registry every metric is in (other modules register theirs here).
@@ -256,9 +321,20 @@ mod tests {
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
     }
 
+    fn cache() -> CacheConfigInfo {
+        CacheConfigInfo {
+            block_size: 16,
+            num_gpu_blocks: 100,
+            cache_dtype: "auto".into(),
+            enable_prefix_caching: true,
+            kv_cache_memory_bytes: 100 * 8192,
+        }
+    }
+
     #[test]
     fn gauges_and_aliases_agree() {
         let m = RuntimeMetrics::default();
+        m.init_vllm("tiny", 2048, &cache());
         m.set_engine(
             "tiny",
             EngineGauges {
@@ -267,6 +343,11 @@ mod tests {
                 blocks_in_use: 25,
                 blocks_cached: 7,
                 blocks_total: 100,
+                counters: EngineCounters {
+                    preemptions: 2,
+                    prefix_queries: 64,
+                    prefix_hits: 32,
+                },
             },
         );
         let text = m.render();
@@ -275,7 +356,10 @@ mod tests {
             Some(3.0)
         );
         assert_eq!(
-            sample(&text, "vllm:num_requests_waiting{model_name=\"tiny\"}"),
+            sample(
+                &text,
+                "vllm:num_requests_waiting{engine=\"0\",model_name=\"tiny\"}"
+            ),
             Some(3.0)
         );
         assert_eq!(
@@ -283,7 +367,10 @@ mod tests {
             Some(5.0)
         );
         assert_eq!(
-            sample(&text, "vllm:num_requests_running{model_name=\"tiny\"}"),
+            sample(
+                &text,
+                "vllm:num_requests_running{engine=\"0\",model_name=\"tiny\"}"
+            ),
             Some(5.0)
         );
         assert_eq!(
@@ -291,18 +378,36 @@ mod tests {
             Some(0.25)
         );
         assert_eq!(
-            sample(&text, "vllm:kv_cache_usage_perc{model_name=\"tiny\"}"),
+            sample(
+                &text,
+                "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"tiny\"}"
+            ),
             Some(0.25)
         );
         assert_eq!(
             sample(&text, "modelfleet_kv_cache_cached_blocks{model=\"tiny\"}"),
             Some(7.0)
         );
+        assert_eq!(
+            sample(
+                &text,
+                "vllm:num_preemptions_total{engine=\"0\",model_name=\"tiny\"}"
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"tiny\"}"
+            ),
+            Some(32.0)
+        );
     }
 
     #[test]
     fn every_design_metric_is_exported() {
         let m = RuntimeMetrics::default();
+        m.init_vllm("tiny", 2048, &cache());
         let l = &["tiny", "team-a"];
         m.set_engine("tiny", EngineGauges::default());
         m.prefix_cache_queries.with_label_values(l).inc_by(32);
