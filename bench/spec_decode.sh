@@ -15,9 +15,9 @@
 #   stories  — open-ended stories (nothing to look up; 256 tokens, EOS ignored): off vs n-gram at 1 and
 #              16 streams.
 #   draft    — the Q4_1 file drafting for the f16 model on the edit and story workloads at 1 stream.
-#   llama    — llama-server on the edit workload at 1 stream: plain, and with its own speculative
-#              decoding (the Q4_1 file as its draft model, `-md`; this build has no n-gram lookup in
-#              the server).
+#   llama    — llama-server on the edit workload at 1 stream: plain, with its own n-gram lookup
+#              (`--spec-type ngram-simple`, its defaults) and with its own draft-model speculation
+#              (`--spec-type draft-simple -md` the Q4_1 file, `--spec-draft-n-max` DRAFT_K).
 #
 # Greedy outputs are the same with speculation on and off, so both sides generate the same tokens.
 set -euo pipefail
@@ -103,7 +103,10 @@ run() {
       --kv-cache-dtype float16 "${spec[@]}" >"$WORK/server.log" 2>&1 & pid=$!
   else
     local md=()
-    [[ $config == draft ]] && md=(-md "$Q4" --draft-max "$DRAFT_K" --draft-min 0)
+    case $config in
+      draft) md=(--spec-type draft-simple -md "$Q4" --spec-draft-n-max "$DRAFT_K" --spec-draft-n-min 0) ;;
+      ngram) md=(--spec-type ngram-simple) ;; # its defaults: lookup n-grams of 12, drafts of up to 48
+    esac
     "$BUILD/bin/llama-server" -m "$F16" --port $PORT -t "$THREADS" -tb "$THREADS" -np "$n" \
       -c $(( n * 2048 )) --alias m "${md[@]}" >"$WORK/server.log" 2>&1 & pid=$!
   fi
@@ -128,7 +131,7 @@ run() {
         edit) for n in ${EDIT_STREAMS:-1 4}; do run ours off edit $n $rep; run ours ngram edit $n $rep; done ;;
         stories) for n in ${STORY_STREAMS:-1 16}; do run ours off stories $n $rep; run ours ngram stories $n $rep; done ;;
         draft) for w in edit stories; do run ours off $w 1 $rep; run ours draft $w 1 $rep; done ;;
-        llama) run llama off edit 1 $rep; run llama draft edit 1 $rep ;;
+        llama) run llama off edit 1 $rep; run llama ngram edit 1 $rep; run llama draft edit 1 $rep ;;
       esac
     done
   done

@@ -25,11 +25,13 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Tokens per KV block (`--block-size`).
     pub block_size: usize,
-    /// KV blocks in the pool (`--num-kv-blocks`); `None` = enough for `max_num_seqs` full contexts.
+    /// KV blocks in the pool (`serve` passes what [`crate::kv::sizing::plan_pool`] derived from
+    /// `--num-kv-blocks`, `--kv-cache-memory-bytes` or the memory limit); `None` = the default pool
+    /// ([`crate::kv::sizing::default_pool_tokens`]).
     pub num_kv_blocks: Option<usize>,
     /// Context limit (`--max-model-len`); `None` = the model's `max_position_embeddings`.
     pub max_model_len: Option<usize>,
-    /// Sequences the pool is sized for when `num_kv_blocks` is `None` (`--max-num-seqs`).
+    /// Sequences the default pool is sized for when `num_kv_blocks` is `None` (`--max-num-seqs`).
     pub max_num_seqs: usize,
     /// LoRA adapters kept uploaded to the kernels backend (`--max-loras`; the scheduler puts at most
     /// this many in one step).
@@ -101,9 +103,9 @@ impl<K: Kernels> Engine<K> {
                 message: "must be >= 1, got 0".into(),
             });
         }
-        let blocks = cfg
-            .num_kv_blocks
-            .unwrap_or(cfg.max_num_seqs.max(1) * max_model_len.div_ceil(cfg.block_size));
+        let blocks = cfg.num_kv_blocks.unwrap_or_else(|| {
+            crate::kv::sizing::default_pool_tokens(cfg.max_num_seqs, max_model_len).div_ceil(cfg.block_size)
+        });
         let model = LlamaModel::load(&kernels, model_dir.config.clone(), &model_dir.weights)?;
         let cache = model.new_kv_cache_as(&kernels, blocks, cfg.block_size, cfg.kv_cache_dtype);
         let mut model_dir = model_dir;
@@ -164,6 +166,11 @@ impl<K: Kernels> Engine<K> {
         let weights: Vec<&LoraWeights<K>> = adapters.iter().map(|a| &self.loras[&a.id].0).collect();
         self.model
             .forward_lora(&self.kernels, batch, &weights, &mut self.cache)
+    }
+
+    /// Whether a draft model is attached.
+    pub fn has_draft(&self) -> bool {
+        self.draft.is_some()
     }
 
     /// Loads `md` as the draft model of speculative decoding, with `num_kv_blocks` KV blocks of this

@@ -33,6 +33,7 @@ use crate::kv::{BlockHash, BlockPool, HashExtras, KvCacheManager, PrefixCachingP
 use crate::lora::LoraAdapter;
 use crate::model::{Logits, LogitsRows, SeqInput};
 use crate::sequence::{DraftToken, Sequence};
+use crate::spec::cost::StepCost;
 use crate::spec::draft::DraftKv;
 use crate::spec::gate::AcceptanceGate;
 use crate::spec::{SpecConfig, SpecCounters};
@@ -197,6 +198,8 @@ pub struct Scheduler {
     spec_counters: SpecCounters,
     /// The draft model's block tables, when speculating with a draft model.
     draft_kv: Option<DraftKv>,
+    /// Measured step costs: whether a step's drafts pay (`spec::cost`).
+    step_cost: StepCost,
 }
 
 impl Scheduler {
@@ -224,6 +227,7 @@ impl Scheduler {
             counters: SchedCounters::default(),
             spec_counters: SpecCounters::default(),
             draft_kv: None,
+            step_cost: StepCost::default(),
         }
     }
 

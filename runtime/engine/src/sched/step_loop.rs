@@ -488,6 +488,9 @@ fn iteration<K: Kernels>(
     draft(engine, sched, &mut batch);
     let drafting = td.elapsed().as_secs_f64();
     local.draft_seconds += drafting;
+    if engine.has_draft() {
+        sched.observe_draft(batch.seqs.iter().map(|s| s.drafts).sum(), drafting);
+    }
     let (inputs, adapters) = sched.inputs(&batch);
     let t1 = Instant::now();
     let result = engine.step_lora(&inputs, &adapters);
@@ -500,6 +503,7 @@ fn iteration<K: Kernels>(
         Err(e) => sched.fail(&batch, &format!("model step failed: {e}"), tok),
     }
     let t2 = Instant::now();
+    sched.observe_step(batch.num_tokens(), (t2 - t1).as_secs_f64());
     local.steps += 1;
     local.step_tokens += batch.num_tokens() as u64;
     local.schedule_seconds += (t1 - t0).as_secs_f64() - drafting;

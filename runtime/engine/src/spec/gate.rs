@@ -41,6 +41,11 @@ impl Default for AcceptanceGate {
 }
 
 impl AcceptanceGate {
+    /// The recent acceptance rate (1 before the first run).
+    pub fn rate(&self) -> f32 {
+        self.rate
+    }
+
     /// Whether this decode step may speculate; a skipped step counts down the back-off.
     pub fn allows(&mut self) -> bool {
         if self.skip > 0 {

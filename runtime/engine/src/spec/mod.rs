@@ -11,6 +11,9 @@
 //!   [`crate::sequence::Sequence`] through the same processors and transforms as ordinary sampling.
 //! - [`gate`]: when speculation is skipped — in steps with many running requests (vLLM's
 //!   `disable_by_batch_size`) and, per sequence, while its recent acceptance is low.
+//! - [`cost`]: whether a step's drafts pay for themselves, from measured step times (positions →
+//!   seconds) and draft costs: speculation gets out of the way when the step is compute-bound or the
+//!   draft model costs too much, without a hand-set batch size.
 //! - [`stats`]: chi-square statistics for the exactness tests.
 //!
 //! The scheduler (`sched::scheduler::spec`) grants a speculating sequence `1 + k` positions of its
@@ -23,6 +26,7 @@
 //! too (point-mass verification commits the token ordinary sampling draws), and a draft model's
 //! distribution-verified proposals keep the target's distribution exactly.
 
+pub mod cost;
 pub mod draft;
 pub mod gate;
 pub mod ngram;

@@ -3,7 +3,8 @@
 //!
 //! A request speculates in a step when it is in decode state (exactly one committed token not yet in
 //! the KV cache, and some output), speculation is configured, the step is under
-//! `disable_by_batch_size`, its own acceptance gate is open, and — for a draft model — it uses no
+//! `disable_by_batch_size`, the measured step costs say the step's drafts pay (`spec::cost`; pinned
+//! requests skip this check), its own acceptance gate is open, and — for a draft model — it uses no
 //! LoRA adapter (a draft model serves base requests only; n-gram lookup serves adapter requests too,
 //! and their verification runs with their adapter like any of their rows). It drafts at most
 //! `num_speculative_tokens` tokens and at most `remaining - 1`, so the committed run never passes
@@ -39,6 +40,18 @@ impl Scheduler {
     /// draft storage); needed when speculating with a draft model.
     pub fn attach_draft_kv(&mut self, num_blocks: usize) {
         self.draft_kv = Some(DraftKv::new(num_blocks, self.kv.block_size()));
+    }
+
+    /// Records a model step's scored positions and seconds (the cost model speculation decides by).
+    pub fn observe_step(&mut self, positions: usize, seconds: f64) {
+        if self.cfg.speculative.is_some() {
+            self.step_cost.observe(positions, seconds);
+        }
+    }
+
+    /// Records a draft model's round: `drafted` tokens in `seconds`.
+    pub fn observe_draft(&mut self, drafted: usize, seconds: f64) {
+        self.step_cost.observe_draft(drafted, seconds);
     }
 
     /// Speculation counters since start.
@@ -93,7 +106,30 @@ impl Scheduler {
                 wants.insert(*id, SpecWant { k, pinned });
             }
         }
+        if !wants.values().all(|w| w.pinned) && !self.drafts_pay(&wants) {
+            wants.retain(|_, w| w.pinned);
+        }
         wants
+    }
+
+    /// Whether this step's (unpinned) drafts are expected to raise its tokens per second, by the
+    /// measured step costs (`spec::cost`).
+    fn drafts_pay(&mut self, wants: &HashMap<RequestId, SpecWant>) -> bool {
+        let budget = self.cfg.max_num_batched_tokens;
+        let (mut positions, mut decoding) = (0, 0);
+        for id in &self.running {
+            let e = &self.entries[id];
+            let n = e.tokens.len() - e.num_computed;
+            positions += n;
+            decoding += usize::from(n == 1 && e.tokens.len() > e.prompt_len);
+        }
+        let (mut drafts, mut expected) = (0, 0.0);
+        for (id, w) in wants.iter().filter(|(_, w)| !w.pinned) {
+            drafts += w.k;
+            expected += f64::from(self.entries[id].spec.gate.rate()) * w.k as f64;
+        }
+        self.step_cost
+            .pays(positions.min(budget), decoding, drafts, expected)
     }
 
     /// Records that `id` was granted `drafts` draft positions (n-gram drafts are cut to fit; a draft
