@@ -503,7 +503,11 @@ fn iteration<K: Kernels>(
         Err(e) => sched.fail(&batch, &format!("model step failed: {e}"), tok),
     }
     let t2 = Instant::now();
-    sched.observe_step(batch.num_tokens(), (t2 - t1).as_secs_f64());
+    // Decode-shaped steps only: a prefill chunk's hundreds of positions would dominate the fit of the
+    // step sizes speculation decides between.
+    if batch.seqs.iter().all(|s| s.len == 1 + s.drafts) {
+        sched.observe_step(batch.num_tokens(), (t2 - t1).as_secs_f64());
+    }
     local.steps += 1;
     local.step_tokens += batch.num_tokens() as u64;
     local.schedule_seconds += (t1 - t0).as_secs_f64() - drafting;

@@ -2,7 +2,8 @@
 //!
 //! A verification position costs what it costs on this machine at this batch size: nearly nothing while
 //! a step is bound by reading the weights (few sequences), as much as a real token once it is bound by
-//! arithmetic (many sequences). The step loop reports every model step's positions and seconds
+//! arithmetic (many sequences). The step loop reports every decode-shaped model step's positions and
+//! seconds (steps with a prefill chunk are left out: their hundreds of positions would dominate the fit)
 //! ([`StepCost::observe`]), and a draft model's rounds their seconds per drafted token
 //! ([`StepCost::observe_draft`]); a linear fit t(n) = a + b·n over the recent steps (exponentially
 //! forgotten, so it follows the batch sizes actually running) prices a step. Speculation is kept for a
