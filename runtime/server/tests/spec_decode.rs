@@ -378,9 +378,15 @@ fn sampled_marginals_match_speculation_off_and_the_wrong_verifier_is_detected() 
     // mass. N-gram drafts of this random model are accepted rarely (~5%: its sampled tokens seldom
     // continue the prompt), too rarely for the wrong rule's bias to show at this N; the verifier's unit
     // tests (spec::verify) carry the point-mass negative control.
+    // Every proposal is verified (no cost gate): these drafts are rarely accepted, and the gate would
+    // rightly stop most of them.
+    let every = |spec: SpecConfig| SpecConfig {
+        cost_gate: false,
+        ..spec
+    };
     let arms: Vec<(&str, Option<&Path>, SpecConfig, bool)> = vec![
-        ("ngram", None, ngram(3), false),
-        ("bad draft model", Some(&bad), draft(3), true),
+        ("ngram", None, every(ngram(3)), false),
+        ("bad draft model", Some(&bad), every(draft(3)), true),
     ];
     for (name, d, spec, control) in arms {
         let h = start(&target, d, Some(spec), 64);

@@ -8,6 +8,10 @@
 //!   doubling up to 64 while its probes keep failing, then probes again with one speculative step.
 //!   A probe that meets the rate resets the back-off.
 //!
+//! Beside the rate, the gate keeps the sequence's per-token acceptance (the chance that a draft is
+//! accepted given the drafts before it were, from decayed counts of accepted tokens and rejections),
+//! which the step-cost model (`spec::cost`) prices each draft position with.
+//!
 //! Invariants: the per-sequence gate depends only on the sequence's own history (so a seeded request
 //! makes the same decisions alone or batched); steps without a proposal (nothing to look up) neither
 //! count against nor for a sequence.
@@ -17,6 +21,10 @@ pub const DEFAULT_MIN_ACCEPTANCE: f32 = 0.2;
 /// Weight of the newest run in the rate.
 const WEIGHT: f32 = 0.3;
 const MIN_BACKOFF: u32 = 4;
+/// How many trials the deployment's per-token acceptance counts for in a sequence's estimate.
+pub const PRIOR_TRIALS: f64 = 8.0;
+/// Weight the per-token counts keep at each run (about the last 7 runs count).
+const KEEP: f32 = 0.95;
 const MAX_BACKOFF: u32 = 64;
 
 /// One sequence's acceptance history.
@@ -28,6 +36,10 @@ pub struct AcceptanceGate {
     skip: u32,
     /// The next back-off.
     backoff: u32,
+    /// Decayed count of accepted draft tokens.
+    accepted: f32,
+    /// Decayed count of trials: accepted draft tokens plus runs that ended in a rejection.
+    trials: f32,
 }
 
 impl Default for AcceptanceGate {
@@ -36,6 +48,8 @@ impl Default for AcceptanceGate {
             rate: 1.0,
             skip: 0,
             backoff: MIN_BACKOFF,
+            accepted: 0.0,
+            trials: 0.0,
         }
     }
 }
@@ -44,6 +58,13 @@ impl AcceptanceGate {
     /// The recent acceptance rate (1 before the first run).
     pub fn rate(&self) -> f32 {
         self.rate
+    }
+
+    /// The chance that a draft is accepted when the drafts before it were: the sequence's own recent
+    /// runs, with `prior` (the deployment's figure) counted as [`PRIOR_TRIALS`] trials.
+    pub fn per_token(&self, prior: f64) -> f64 {
+        let (a, n) = (f64::from(self.accepted), f64::from(self.trials));
+        (a + PRIOR_TRIALS * prior) / (n + PRIOR_TRIALS)
     }
 
     /// Whether this decode step may speculate; a skipped step counts down the back-off.
@@ -61,6 +82,9 @@ impl AcceptanceGate {
             return;
         }
         let run = accepted as f32 / drafted as f32;
+        let rejected = f32::from(u8::from(accepted < drafted));
+        self.accepted = KEEP * self.accepted + accepted as f32;
+        self.trials = KEEP * self.trials + accepted as f32 + rejected;
         self.rate = (1.0 - WEIGHT) * self.rate + WEIGHT * run;
         if self.rate < min_rate {
             self.skip = self.backoff;
@@ -109,6 +133,28 @@ mod tests {
         let before = g;
         g.record(0, 0, 0.2);
         assert_eq!(g, before);
+    }
+
+    #[test]
+    fn per_token_acceptance_starts_at_the_prior_and_follows_the_runs() {
+        let mut g = AcceptanceGate::default();
+        assert_eq!(g.per_token(0.6), 0.6);
+        // Runs of 4 drafts: all accepted, then 1 accepted and a rejection, decayed by KEEP a run; the
+        // prior counts as PRIOR_TRIALS trials.
+        let (keep, prior) = (f64::from(KEEP), PRIOR_TRIALS);
+        g.record(4, 4, 0.2);
+        assert!((g.per_token(0.5) - (4.0 + 0.5 * prior) / (4.0 + prior)).abs() < 1e-6);
+        g.record(4, 1, 0.2);
+        let (a, n) = (keep * 4.0 + 1.0, keep * 4.0 + 2.0);
+        assert!((g.per_token(0.5) - (a + 0.5 * prior) / (n + prior)).abs() < 1e-6);
+        // A sequence whose drafts keep failing goes towards 0 whatever the prior: at most
+        // prior × 0.9 ÷ (prior + 1 ÷ (1 − KEEP)).
+        for _ in 0..200 {
+            g.record(4, 0, 0.0);
+        }
+        let bound = prior * 0.9 / (prior + 1.0 / (1.0 - keep)) + 1e-3;
+        assert!(g.per_token(0.9) < bound, "{} {bound}", g.per_token(0.9));
+        assert!(bound < 0.26);
     }
 
     #[test]

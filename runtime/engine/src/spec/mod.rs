@@ -64,6 +64,9 @@ pub struct SpecConfig {
     pub min_acceptance_rate: f32,
     /// The verification rule (always [`Rule::Exact`] outside the negative-control tests).
     pub rule: Rule,
+    /// Whether the measured step costs decide which drafts a step keeps (`cost::StepCost`; always on
+    /// outside the tests that must see every proposal verified).
+    pub cost_gate: bool,
 }
 
 impl SpecConfig {
@@ -78,6 +81,7 @@ impl SpecConfig {
             disable_by_batch_size: None,
             min_acceptance_rate: gate::DEFAULT_MIN_ACCEPTANCE,
             rule: Rule::Exact,
+            cost_gate: true,
         }
     }
 

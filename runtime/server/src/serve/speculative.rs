@@ -78,6 +78,7 @@ pub fn parse(json: &str) -> anyhow::Result<Speculative> {
         disable_by_batch_size: raw.disable_by_batch_size,
         min_acceptance_rate: raw.min_acceptance_rate.unwrap_or(DEFAULT_MIN_ACCEPTANCE),
         rule: Default::default(),
+        cost_gate: true,
     };
     if let Err(e) = config.validate() {
         bail!("--speculative-config: {e}");

@@ -3,12 +3,12 @@
 //!
 //! A request speculates in a step when it is in decode state (exactly one committed token not yet in
 //! the KV cache, and some output), speculation is configured, the step is under
-//! `disable_by_batch_size`, the measured step costs say the step's drafts pay (`spec::cost`; pinned
-//! requests skip this check), its own acceptance gate is open, and — for a draft model — it uses no
-//! LoRA adapter (a draft model serves base requests only; n-gram lookup serves adapter requests too,
-//! and their verification runs with their adapter like any of their rows). It drafts at most
-//! `num_speculative_tokens` tokens and at most `remaining - 1`, so the committed run never passes
-//! `max_tokens` or the context.
+//! `disable_by_batch_size`, the measured step costs say its drafts pay (`spec::cost`, which may also
+//! keep only the first few; pinned requests skip this check), its own acceptance gate is open, and —
+//! for a draft model — it uses no LoRA adapter (a draft model serves base requests only; n-gram lookup
+//! serves adapter requests too, and their verification runs with their adapter like any of their
+//! rows). It drafts at most `num_speculative_tokens` tokens and at most `remaining - 1`, so the
+//! committed run never passes `max_tokens` or the context.
 //!
 //! A *pinned* request — a seeded, sampled request speculating with a draft model — must make the same
 //! speculation decisions alone or batched, or its seed would not reproduce its text (its drafts are
@@ -22,6 +22,7 @@
 //! full of accepted tokens are registered in the prefix cache; the draft cache is rolled back alike.
 
 use super::*;
+use crate::spec::cost::Candidate;
 use crate::spec::draft::{DraftRound, DraftWant};
 use crate::spec::gate::step_allows;
 use crate::spec::{SpecMethod, ngram};
@@ -106,15 +107,15 @@ impl Scheduler {
                 wants.insert(*id, SpecWant { k, pinned });
             }
         }
-        if !wants.values().all(|w| w.pinned) && !self.drafts_pay(&wants) {
-            wants.retain(|_, w| w.pinned);
+        if cfg.cost_gate {
+            self.keep_drafts_that_pay(&mut wants);
         }
         wants
     }
 
-    /// Whether this step's (unpinned) drafts are expected to raise its tokens per second, by the
-    /// measured step costs (`spec::cost`).
-    fn drafts_pay(&mut self, wants: &HashMap<RequestId, SpecWant>) -> bool {
+    /// Cuts the unpinned wants to the drafts the measured step costs say raise this step's tokens
+    /// per second (`spec::cost`), each priced by its sequence's per-token acceptance.
+    fn keep_drafts_that_pay(&mut self, wants: &mut HashMap<RequestId, SpecWant>) {
         let budget = self.cfg.max_num_batched_tokens;
         let (mut positions, mut decoding) = (0, 0);
         for id in &self.running {
@@ -123,13 +124,35 @@ impl Scheduler {
             positions += n;
             decoding += usize::from(n == 1 && e.tokens.len() > e.prompt_len);
         }
-        let (mut drafts, mut expected) = (0, 0.0);
-        for (id, w) in wants.iter().filter(|(_, w)| !w.pinned) {
-            drafts += w.k;
-            expected += f64::from(self.entries[id].spec.gate.rate()) * w.k as f64;
+        positions += wants.values().filter(|w| w.pinned).map(|w| w.k).sum::<usize>();
+        let prior = self.step_cost.prior();
+        // In `running` order, so the decision does not depend on the map's iteration order.
+        let ids: Vec<RequestId> = self
+            .running
+            .iter()
+            .filter(|id| wants.get(id).is_some_and(|w| !w.pinned))
+            .copied()
+            .collect();
+        if ids.is_empty() {
+            return;
         }
-        self.step_cost
-            .pays(positions.min(budget), decoding, drafts, expected)
+        let candidates: Vec<Candidate> = ids
+            .iter()
+            .map(|id| Candidate {
+                per_token: self.entries[id].spec.gate.per_token(prior),
+                k: wants[id].k,
+            })
+            .collect();
+        let keep = self
+            .step_cost
+            .choose(positions.min(budget), decoding, &candidates);
+        for (id, k) in ids.iter().zip(keep) {
+            if k == 0 {
+                wants.remove(id);
+            } else if let Some(w) = wants.get_mut(id) {
+                w.k = k;
+            }
+        }
     }
 
     /// Records that `id` was granted `drafts` draft positions (n-gram drafts are cut to fit; a draft
@@ -237,6 +260,7 @@ impl Scheduler {
             }
         };
         self.spec_counters.record(drafts.len(), verified.accepted);
+        self.step_cost.observe_run(drafts.len(), verified.accepted);
         e.spec
             .gate
             .record(drafts.len(), verified.accepted, cfg.min_acceptance_rate);
