@@ -91,15 +91,6 @@ fn transitions(before: &Value, states: &[Value]) -> BTreeMap<String, usize> {
     counts
 }
 
-fn is_ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .as_ref()
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
-}
-
 fn md_ready(md: &ModelDeployment) -> bool {
     md.status.as_ref().is_some_and(|s| {
         s.ready_replicas == 3

@@ -49,19 +49,9 @@ spec:
           periodSeconds: 2
 "#;
 
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 async fn ready_pods(pods: &Api<Pod>, selector: &str) -> Vec<Pod> {
     let list = pods.list(&ListParams::default().labels(selector)).await.unwrap();
-    list.items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
-        .collect()
+    list.items.into_iter().filter(is_ready).collect()
 }
 
 #[tokio::test]

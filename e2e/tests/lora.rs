@@ -115,28 +115,6 @@ async fn wait_loaded(api: &Api<LoraAdapter>, name: &str, replicas: i32) -> LoraA
     .await
 }
 
-fn is_ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .as_ref()
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
-}
-
-/// Ready runtime pods of the deployment: name → IP.
-async fn ready_pods(pods: &Api<Pod>) -> BTreeMap<String, String> {
-    let lp = ListParams::default().labels("app.kubernetes.io/instance=base");
-    let Ok(list) = pods.list(&lp).await else {
-        return BTreeMap::new();
-    };
-    list.items
-        .iter()
-        .filter(|p| is_ready(p))
-        .filter_map(|p| Some((p.metadata.name.clone()?, p.status.as_ref()?.pod_ip.clone()?)))
-        .collect()
-}
-
 /// A greedy chat completion as `key`'s tenant naming `model`: the answer's text, or (status, body).
 async fn chat(ip: &str, key: &str, model: &str) -> Result<String, (u16, Value)> {
     let body = json!({"model": model, "messages": [{"role": "user", "content": "write a query"}],
@@ -254,7 +232,7 @@ async fn adapters_load_serve_follow_scale_refuse_bad_bytes_and_unload() {
             .any(|f| f == "modelfleet.io/lora-unload")
     );
     wait_loaded(&loras, "tone-v1", 1).await;
-    let first = ready_pods(&pods).await;
+    let first = ready_pods(&pods, "base").await;
     let (first_pod, ip) = first.iter().next().map(|(n, i)| (n.clone(), i.clone())).unwrap();
     let token = {
         let s = Api::<Secret>::namespaced(client.clone(), &ns.name)
@@ -326,7 +304,7 @@ async fn adapters_load_serve_follow_scale_refuse_bad_bytes_and_unload() {
     );
     let sql = wait_loaded(&loras, "sql", 2).await;
     wait_loaded(&loras, "tone-v1", 2).await;
-    let both = ready_pods(&pods).await;
+    let both = ready_pods(&pods, "base").await;
     assert_eq!(both.len(), 2, "{both:?}");
     // Nothing changes, so nothing is written: the status of a loaded adapter does not tick.
     let steady = std::time::Instant::now();

@@ -11,6 +11,8 @@
 //! - [`lora`]: the LoraAdapter controller — loads adapters onto ready pods through the runtime's admin
 //!   API (calls run as tasks, off the reconcile path), per-pod state in status, unload on deletion.
 //! - [`leader`]: leader election on a `Lease`, so two replicas can run and one fails over.
+//! - [`pod_metrics`]: reading the runtime pods' metrics (their `/metrics`, or Prometheus), for the
+//!   autoscaler and the capacity measurement alike.
 //! - [`telemetry`]: `/metrics`, `/healthz`, `/readyz` and the operator's own Prometheus metrics.
 //!
 //! Invariants: nothing but the reconciler's one server-side apply writes the runtime Deployment (so its
@@ -28,6 +30,7 @@ pub mod controller;
 pub mod labels;
 pub mod leader;
 pub mod lora;
+pub mod pod_metrics;
 pub mod scope;
 pub mod status;
 pub mod telemetry;

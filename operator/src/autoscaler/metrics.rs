@@ -5,17 +5,12 @@
 //! Invariants: a pass yields a [`Sample`] only when every ready pod answered with a usable figure for
 //! each metric — present, finite and not negative, from either source; anything else (silence, NaN,
 //! ±Inf, a negative gauge) counts as missing and the caller holds (`ScalingActive=False`, no
-//! scale-down on missing data). Answers are read within a byte cap and a timeout ([`crate::body`]).
+//! scale-down on missing data). Answers are read within a byte cap and a timeout
+//! ([`crate::pod_metrics`]).
 
 use super::decide::Sample;
-use crate::body::{MAX_METRICS_BYTES, MAX_PROMETHEUS_BYTES, read_capped};
+use crate::pod_metrics::{per_pod, pod_regex, samples, scrape_text};
 use std::collections::BTreeMap;
-use std::time::Duration;
-
-/// Longest a pod's `/metrics` may take to answer, body included.
-pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest one Prometheus query may take, body included.
-pub const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Metric names, as the runtime exports them (docs/design.md).
 pub const WAITING: &str = "modelfleet_requests_waiting";
@@ -48,32 +43,8 @@ pub struct PodMetrics {
 pub fn parse_exposition(text: &str) -> Result<PodMetrics, String> {
     let mut seen = [false; 3];
     let mut m = PodMetrics::default();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name_end = line
-            .find(|c: char| c == '{' || c.is_whitespace())
-            .unwrap_or(line.len());
-        let name = &line[..name_end];
-        let idx = match name {
-            WAITING => 0,
-            RUNNING => 1,
-            KV_USAGE => 2,
-            _ => continue,
-        };
-        let rest = &line[name_end..];
-        let after_labels = if rest.starts_with('{') {
-            rest.rfind('}').map_or("", |i| &rest[i + 1..])
-        } else {
-            rest
-        };
-        let value: f64 = after_labels
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("unparsable sample: {line}"))?;
+    for sample in samples(text, &[WAITING, RUNNING, KV_USAGE]) {
+        let (idx, value, line) = sample?;
         if usable(Some(value)).is_none() {
             return Err(format!("unusable sample (NaN, infinite or negative): {line}"));
         }
@@ -123,20 +94,8 @@ pub async fn scrape_direct(
     port: i32,
 ) -> Result<Vec<PodMetrics>, String> {
     let scrapes = pod_ips.iter().map(|ip| async move {
-        let url = format!("http://{ip}:{port}/metrics");
-        let resp = client
-            .get(&url)
-            .timeout(SCRAPE_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("{url}: HTTP {}", resp.status()));
-        }
-        let body = read_capped(resp, MAX_METRICS_BYTES)
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        parse_exposition(&String::from_utf8_lossy(&body)).map_err(|e| format!("{url}: {e}"))
+        let text = scrape_text(client, ip, port).await?;
+        parse_exposition(&text).map_err(|e| format!("http://{ip}:{port}/metrics: {e}"))
     });
     futures::future::join_all(scrapes).await.into_iter().collect()
 }
@@ -150,7 +109,7 @@ pub async fn query_prometheus(
     pods: &[String],
     window_secs: i32,
 ) -> Result<Vec<PodMetrics>, String> {
-    let pod_re = pods.iter().map(|p| regex_escape(p)).collect::<Vec<_>>().join("|");
+    let pod_re = pod_regex(pods);
     let mut by_pod: BTreeMap<String, [Option<f64>; 3]> = BTreeMap::new();
     for (i, (metric, agg)) in [(WAITING, "sum"), (RUNNING, "sum"), (KV_USAGE, "max")]
         .into_iter()
@@ -159,27 +118,9 @@ pub async fn query_prometheus(
         let query = format!(
             "{agg} by (pod) (max_over_time({metric}{{namespace=\"{ns}\",pod=~\"{pod_re}\"}}[{window_secs}s]))"
         );
-        let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
-        let answer = client
-            .get(&url)
-            .query(&[("query", query.as_str())])
-            .timeout(PROMETHEUS_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| format!("Prometheus {url}: {e}"))?;
-        let body = read_capped(answer, MAX_PROMETHEUS_BYTES)
-            .await
-            .map_err(|e| format!("Prometheus {url}: {e}"))?;
-        let resp: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| format!("Prometheus {url}: {e}"))?;
-        if resp["status"] != "success" {
-            return Err(format!("Prometheus query {query} failed: {}", resp["error"]));
-        }
-        for series in resp["data"]["result"].as_array().into_iter().flatten() {
-            let pod = series["metric"]["pod"].as_str().unwrap_or_default().to_string();
+        for (pod, value) in per_pod(client, base, &query).await? {
             // Prometheus writes NaN, +Inf, -Inf as strings too: they parse, and are not usable.
-            let value = usable(series["value"][1].as_str().and_then(|v| v.parse().ok()));
-            by_pod.entry(pod).or_default()[i] = value;
+            by_pod.entry(pod).or_default()[i] = usable(value);
         }
     }
     pods.iter()
@@ -192,18 +133,6 @@ pub async fn query_prometheus(
             _ => Err(format!(
                 "Prometheus has no recent usable {WAITING}/{RUNNING}/{KV_USAGE} for pod {p} (missing, NaN, infinite or negative)"
             )),
-        })
-        .collect()
-}
-
-pub(crate) fn regex_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                vec![c]
-            } else {
-                vec!['\\', c]
-            }
         })
         .collect()
 }
@@ -306,10 +235,5 @@ mod tests {
         // No sample means no decision on it: the caller holds (decide's missing-metrics tests).
         assert_eq!(usable(Some(f64::NAN)), None);
         assert_eq!(usable(Some(0.0)), Some(0.0));
-    }
-
-    #[test]
-    fn pod_names_are_escaped_for_promql() {
-        assert_eq!(regex_escape("md-7d9f.x"), "md-7d9f\\.x");
     }
 }

@@ -5,11 +5,11 @@
 //!
 //! Invariants: a sample holds every ready pod or is not taken (a missing pod would read as a
 //! scale-down and skew the replica-seconds); answers are read within [`crate::body`]'s byte caps and a
-//! timeout, and a non-finite or unparsable value fails the sample instead of counting as zero.
+//! timeout ([`crate::pod_metrics`]), and a non-finite or unparsable value fails the sample instead of
+//! counting as zero.
 
 use super::measure::{PodSample, Sample};
-use crate::autoscaler::metrics::{PROMETHEUS_TIMEOUT, SCRAPE_TIMEOUT, regex_escape};
-use crate::body::{MAX_METRICS_BYTES, MAX_PROMETHEUS_BYTES, read_capped};
+use crate::pod_metrics::{per_pod, pod_regex, samples, scrape_text};
 use modelfleet_api::metric_names as names;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -23,30 +23,12 @@ pub const WAITING: &str = names::REQUESTS_WAITING;
 /// there; the token counter has no series until a request finished, so its absence reads as 0.
 pub fn parse(text: &str) -> Result<PodSample, String> {
     let (mut tokens, mut waiting) = (None::<f64>, None::<f64>);
-    for line in text.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
+    for sample in samples(text, &[TOKENS, WAITING]) {
+        let (idx, v, line) = sample?;
+        if !v.is_finite() {
+            return Err(format!("non-finite sample: {line}"));
         }
-        let end = line
-            .find(|c: char| c == '{' || c.is_whitespace())
-            .unwrap_or(line.len());
-        let slot = match &line[..end] {
-            TOKENS => &mut tokens,
-            WAITING => &mut waiting,
-            _ => continue,
-        };
-        let rest = &line[end..];
-        let value = if rest.starts_with('{') {
-            rest.rfind('}').map_or("", |i| &rest[i + 1..])
-        } else {
-            rest
-        };
-        let v: f64 = value
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse().ok())
-            .filter(|v: &f64| v.is_finite())
-            .ok_or_else(|| format!("unparsable or non-finite sample: {line}"))?;
+        let slot = if idx == 0 { &mut tokens } else { &mut waiting };
         *slot = Some(slot.unwrap_or(0.0) + v);
     }
     match waiting {
@@ -62,23 +44,10 @@ pub fn parse(text: &str) -> Result<PodSample, String> {
 pub async fn scrape(http: &reqwest::Client, pods: &[(String, String)], port: i32) -> Result<Sample, String> {
     let at = Instant::now();
     let reads = pods.iter().map(|(name, ip)| async move {
-        let url = format!("http://{ip}:{port}/metrics");
-        let resp = http
-            .get(&url)
-            .timeout(SCRAPE_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("{url}: HTTP {}", resp.status()));
-        }
-        let body = read_capped(resp, MAX_METRICS_BYTES)
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        let text = String::from_utf8_lossy(&body);
+        let text = scrape_text(http, ip, port).await?;
         parse(&text)
             .map(|s| (name.clone(), s))
-            .map_err(|e| format!("{url}: {e}"))
+            .map_err(|e| format!("http://{ip}:{port}/metrics: {e}"))
     });
     let pods = futures::future::join_all(reads)
         .await
@@ -91,33 +60,12 @@ pub async fn scrape(http: &reqwest::Client, pods: &[(String, String)], port: i32
 /// `namespace` and `pod` labels); every pod must have both series.
 pub async fn query(http: &reqwest::Client, base: &str, ns: &str, pods: &[String]) -> Result<Sample, String> {
     let at = Instant::now();
-    let pod_re = pods.iter().map(|p| regex_escape(p)).collect::<Vec<_>>().join("|");
-    let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
+    let pod_re = pod_regex(pods);
     let mut found: BTreeMap<String, [Option<f64>; 2]> = BTreeMap::new();
     for (i, metric) in [TOKENS, WAITING].into_iter().enumerate() {
         let q = format!("sum by (pod) ({metric}{{namespace=\"{ns}\",pod=~\"{pod_re}\"}})");
-        let answer = http
-            .get(&url)
-            .query(&[("query", q.as_str())])
-            .timeout(PROMETHEUS_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| format!("Prometheus {url}: {e}"))?;
-        let body = read_capped(answer, MAX_PROMETHEUS_BYTES)
-            .await
-            .map_err(|e| format!("Prometheus {url}: {e}"))?;
-        let resp: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| format!("Prometheus {url}: {e}"))?;
-        if resp["status"] != "success" {
-            return Err(format!("Prometheus query {q} failed: {}", resp["error"]));
-        }
-        for series in resp["data"]["result"].as_array().into_iter().flatten() {
-            let pod = series["metric"]["pod"].as_str().unwrap_or_default().to_string();
-            let v = series["value"][1]
-                .as_str()
-                .and_then(|v| v.parse::<f64>().ok())
-                .filter(|v| v.is_finite());
-            found.entry(pod).or_default()[i] = v;
+        for (pod, v) in per_pod(http, base, &q).await? {
+            found.entry(pod).or_default()[i] = v.filter(|v| v.is_finite());
         }
     }
     let pods = pods

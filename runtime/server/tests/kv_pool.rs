@@ -100,7 +100,9 @@ fn plan_json(model: &Path, memory: u64, extra: &[&str]) -> serde_json::Value {
 /// Starts `serve` on the tiny model with the memory limit in the environment, the way a pod's downward
 /// API passes it.
 fn start_with_limit(limit: u64, extra: &[&str]) -> common::Server {
-    common::start_env(extra, &[("MODELFLEET_MEMORY_LIMIT_BYTES", &limit.to_string())])
+    common::Launch::tiny(extra)
+        .env("MODELFLEET_MEMORY_LIMIT_BYTES", &limit.to_string())
+        .start(|_| vec![])
 }
 
 #[test]
@@ -186,10 +188,9 @@ fn admission_follows_the_pool() {
 fn kv_cache_memory_bytes_then_num_kv_blocks_take_precedence() {
     let per_block = 16 * TINY_BYTES_PER_TOKEN;
     let bytes = (300 * per_block + 100).to_string();
-    let s = common::start_env(
-        &["--kv-cache-memory-bytes", &bytes],
-        &[("MODELFLEET_MEMORY_LIMIT_BYTES", "1Gi")],
-    );
+    let s = common::Launch::tiny(&["--kv-cache-memory-bytes", &bytes])
+        .env("MODELFLEET_MEMORY_LIMIT_BYTES", "1Gi")
+        .start(|_| vec![]);
     assert_eq!(blocks_of(&s), 300);
     drop(s);
     let s = common::start(

@@ -12,14 +12,20 @@ use std::process::Command;
 #[test]
 fn structured_output_and_tools_with_the_openai_client_on_smollm2() {
     let dir = tempfile::tempdir().unwrap();
-    let server = common::start_model(
+    let server = common::Launch::model(
         dir,
         common::smollm2_gguf(),
         "smollm2",
-        &["--threads", "2"],
-        &["--max-num-seqs", "16", "--max-model-len", "2048"],
-        |_| Vec::new(),
-    );
+        &[
+            "--threads",
+            "2",
+            "--max-num-seqs",
+            "16",
+            "--max-model-len",
+            "2048",
+        ],
+    )
+    .start(|_| Vec::new());
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/python/test_structured_output.py"

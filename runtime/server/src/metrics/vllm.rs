@@ -281,14 +281,7 @@ impl VllmMetrics {
         };
         let l = [model, ENGINE];
         // Every series from the start: counters at 0, histograms empty.
-        for c in [
-            &m.prefix_queries,
-            &m.prefix_hits,
-            &m.preemptions,
-            &m.prompt_tokens,
-            &m.prompt_tokens_cached,
-            &m.generation_tokens,
-        ] {
+        for c in m.counters() {
             c.with_label_values(&l);
         }
         for r in FINISHED_REASONS {
@@ -320,14 +313,7 @@ impl VllmMetrics {
             Box::new(m.request_success.clone()),
             Box::new(m.cache_config.clone()),
         ];
-        for c in [
-            &m.prefix_queries,
-            &m.prefix_hits,
-            &m.preemptions,
-            &m.prompt_tokens,
-            &m.prompt_tokens_cached,
-            &m.generation_tokens,
-        ] {
+        for c in m.counters() {
             collectors.push(Box::new(c.clone()));
         }
         for h in m.histograms() {
@@ -337,6 +323,18 @@ impl VllmMetrics {
             registry.register(c).expect("unique metric names");
         }
         m
+    }
+
+    /// The counters labelled by model and engine alone.
+    fn counters(&self) -> [&IntCounterVec; 6] {
+        [
+            &self.prefix_queries,
+            &self.prefix_hits,
+            &self.preemptions,
+            &self.prompt_tokens,
+            &self.prompt_tokens_cached,
+            &self.generation_tokens,
+        ]
     }
 
     fn histograms(&self) -> [&HistogramVec; 14] {

