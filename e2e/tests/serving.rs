@@ -196,7 +196,9 @@ async fn scale_with_load(source: &str, metrics_yaml: &str, kill_leader: bool, ch
     )
     .await;
     eprintln!("[{source}] 1 → 3 Ready replicas in {:?}", started.elapsed());
-    // Steady load at 3: the status is not rewritten on every autoscaler tick.
+    // Steady load at 3: the status is not rewritten on every autoscaler tick. The count starts once
+    // the scale-up's own writes are done (ready replicas, conditions, the first capacity figures).
+    tokio::time::sleep(Duration::from_secs(10)).await;
     let steady = Instant::now();
     let mut versions = std::collections::BTreeSet::new();
     while steady.elapsed() < Duration::from_secs(20) {

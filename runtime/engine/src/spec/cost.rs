@@ -233,6 +233,13 @@ mod tests {
     }
 
     #[test]
+    fn the_fit_recovers_a_line() {
+        let c = measured(|n| 0.010 + 0.0005 * n as f64, 40);
+        let (a, b) = c.fit().unwrap();
+        assert!((a - 0.010).abs() < 1e-9 && (b - 0.0005).abs() < 1e-9, "{a} {b}");
+    }
+
+    #[test]
     fn memory_bound_steps_speculate_and_compute_bound_ones_do_not() {
         // Weight reads dominate (10 ms a step, 0.1 ms a position): 1 sequence, 4 drafts of which even
         // the 4th (worth 0.5⁴) pays.
