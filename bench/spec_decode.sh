@@ -16,6 +16,10 @@
 #   stories  — open-ended stories (nothing to look up; 256 tokens, EOS ignored): off vs n-gram at 1 and
 #              16 streams.
 #   draft    — the Q4_1 file drafting for the f16 model on the edit and story workloads at 1 stream.
+#   control  — an A/A control: stories at CONTROL_STREAMS (default 16) streams, speculation off
+#              ("control-a") against speculation off again ("control-b"), interleaved like the others.
+#              The spread of its ratios is the machine's noise floor: a ratio of the other parts
+#              spreading no wider than it is as steady as this machine can show.
 #   llama    — llama-server on the edit workload at 1 stream: plain, with its own n-gram lookup
 #              (`--spec-type ngram-simple`, its defaults) and with its own draft-model speculation
 #              (`--spec-type draft-simple -md` the Q4_1 file, `--spec-draft-n-max` DRAFT_K).
@@ -24,7 +28,7 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
-THREADS="${THREADS:-2}" REPS="${REPS:-5}" PARTS="${PARTS:-edit stories draft llama}"
+THREADS="${THREADS:-2}" REPS="${REPS:-5}" PARTS="${PARTS:-edit stories control draft llama}"
 K="${K:-4}" LOOKUP_MIN="${LOOKUP_MIN:-2}" LOOKUP_MAX="${LOOKUP_MAX:-5}" DRAFT_K="${DRAFT_K:-3}"
 TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
 MODELS="${MODELFLEET_BENCH_MODELS:-$HOME/.cache/modelfleet/bench-models}"
@@ -119,7 +123,7 @@ run() {
   python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
   local line acc=""
   line="$(python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams "$n" "${args[@]}")"
-  if [[ $server == ours && $config != off ]]; then
+  if [[ $server == ours && $config != off && $config != control-* ]]; then
     acc="$(curl -sf "http://127.0.0.1:$((PORT + 1))/metrics" | awk '
       /^vllm:spec_decode_num_draft_tokens_total/ {d=$2} /^vllm:spec_decode_num_accepted_tokens_total/ {a=$2}
       /^vllm:spec_decode_num_drafts_total/ {r=$2}
@@ -142,6 +146,7 @@ pair() {
         edit) for n in ${EDIT_STREAMS:-1 4}; do pair off ngram edit $n $rep; done ;;
         stories) for n in ${STORY_STREAMS:-1 16}; do pair off ngram stories $n $rep; done ;;
         draft) for w in edit stories; do pair off draft $w 1 $rep; done ;;
+        control) pair control-a control-b stories "${CONTROL_STREAMS:-16}" $rep ;;
         llama) run llama off edit 1 $rep; run llama ngram edit 1 $rep; run llama draft edit 1 $rep ;;
       esac
     done
@@ -159,9 +164,10 @@ print("| workload | streams | server | config | tok/s median (min–max) | × of
 print("|---|---|---|---|---|---|---|")
 for (w, n, server, config), rs in sorted(groups.items()):
     tok = [r["tok_s"] for r in rs]
-    base = groups.get((w, n, server, "off"))
+    # Each configuration against the plain runs of its own pairs (the control's against its first half).
+    base = groups.get((w, n, server, "control-a" if config == "control-b" else "off"))
     ratio = ""
-    if base and config != "off":
+    if base and config not in ("off", "control-a"):
         by_rep = {r["rep"]: r["tok_s"] for r in base}
         rr = [r["tok_s"] / by_rep[r["rep"]] for r in rs if r["rep"] in by_rep]
         ratio = f"{statistics.median(rr):.2f}× ({min(rr):.2f}–{max(rr):.2f})"

@@ -236,100 +236,6 @@ impl Scheduler {
         self.hook = hook;
     }
 
-    /// Takes a request the gate has let in. A request that could never fit the KV pool, even alone,
-    /// ends at once with an error instead of cycling through preemption.
-    pub fn add(&mut self, s: Submitted) {
-        let Submitted {
-            id,
-            request: r,
-            events,
-        } = s;
-        let Request {
-            tenant,
-            cache_scope,
-            adapter,
-            cache_salt,
-            priority,
-            prompt,
-            params,
-            arrival,
-            deadline,
-        } = r;
-        let prompt_len = prompt.len();
-        let most = prompt_len
-            .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
-            .min(self.max_model_len);
-        let capacity = self.kv.pool().num_blocks() * self.kv.block_size();
-        let seq = Sequence::new(&prompt, params, &self.eos, self.max_model_len);
-        self.next_seq += 1;
-        let key = QueueKey {
-            priority,
-            seq: self.next_seq,
-        };
-        let entry = Entry {
-            tenant,
-            scope: cache_scope,
-            adapter,
-            salt: cache_salt,
-            key,
-            tokens: prompt,
-            prompt_len,
-            num_computed: 0,
-            hashes: Vec::new(),
-            seq,
-            events,
-            running: false,
-            started: false,
-            cached_tokens: 0,
-            deadline,
-            spec: SpecState::default(),
-            timings: Timings {
-                arrival,
-                first_scheduled: None,
-                first_token: None,
-                finished: arrival,
-                preemptions: 0,
-            },
-        };
-        let tenant = entry.tenant.clone();
-        self.queue.push(&tenant, key, id, prompt_len);
-        if let Some(d) = deadline {
-            self.deadlines.insert((d, id));
-        }
-        self.entries.insert(id, entry);
-        if prompt_len == 0 || most > capacity {
-            let message = if prompt_len == 0 {
-                "the prompt is empty".to_owned()
-            } else {
-                format!("prompt + max_tokens ({most} tokens) exceeds the KV cache ({capacity} tokens)")
-            };
-            self.finish(id, FinishReason::Error, String::new(), Some(message));
-        }
-    }
-
-    /// Ends `id` (waiting or running) with `reason`, e.g. the client went away; unknown ids are ignored.
-    pub fn abort(&mut self, id: RequestId, reason: FinishReason, message: Option<String>, tok: &Tokenizer) {
-        self.end_early(id, reason, message, tok);
-    }
-
-    /// Ends every request with `reason` (shutdown).
-    pub fn abort_all(&mut self, reason: FinishReason, message: &str, tok: &Tokenizer) {
-        let ids: Vec<RequestId> = self.entries.keys().copied().collect();
-        for id in ids {
-            self.end_early(id, reason, Some(message.to_owned()), tok);
-        }
-    }
-
-    /// Ends a request from outside the sampler, flushing the text it held back.
-    fn end_early(&mut self, id: RequestId, reason: FinishReason, message: Option<String>, tok: &Tokenizer) {
-        let Some(e) = self.entries.get_mut(&id) else {
-            return;
-        };
-        // A detokenizer error here only loses the held-back tail; the request still ends cleanly.
-        let tail = e.seq.abort(tok, reason).unwrap_or_default();
-        self.finish(id, reason, tail, message);
-    }
-
     /// Whether any request is waiting or running.
     pub fn has_work(&self) -> bool {
         !self.entries.is_empty()
@@ -371,64 +277,6 @@ impl Scheduler {
     /// The earliest pending deadline, so an idle loop knows when to wake up.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.first().map(|(d, _)| *d)
-    }
-
-    /// Ends requests whose deadline passed.
-    fn expire(&mut self, now: Instant, tok: &Tokenizer) {
-        while let Some(&(d, id)) = self.deadlines.first() {
-            if d > now {
-                break;
-            }
-            self.deadlines.pop_first();
-            let message = match self.entries.get(&id) {
-                Some(e) if e.tokens.len() > e.prompt_len => format!(
-                    "the request's deadline passed after {} generated tokens",
-                    e.tokens.len() - e.prompt_len
-                ),
-                Some(_) => "the request's deadline passed before its first token".to_owned(),
-                None => continue,
-            };
-            self.end_early(id, FinishReason::Timeout, Some(message), tok);
-        }
-    }
-
-    /// Picks the preemption victim: the tenant of the newest running request gives one up, by its
-    /// own order — worst priority, then newest.
-    fn victim(&self) -> usize {
-        let newest = self
-            .running
-            .iter()
-            .max_by_key(|id| self.entries[*id].key.seq)
-            .expect("a running request");
-        let tenant = &self.entries[newest].tenant;
-        let (i, _) = self
-            .running
-            .iter()
-            .enumerate()
-            .filter(|(_, id)| &self.entries[*id].tenant == tenant)
-            .max_by_key(|(_, id)| {
-                let k = self.entries[*id].key;
-                (k.priority, k.seq)
-            })
-            .expect("the newest request's tenant has one");
-        i
-    }
-
-    /// Frees `running[idx]`'s blocks and puts it back in its tenant's queue.
-    fn preempt(&mut self, idx: usize) {
-        let id = self.running.remove(idx);
-        self.kv.free(id);
-        if let Some(d) = &mut self.draft_kv {
-            d.release(id);
-        }
-        let e = self.entries.get_mut(&id).expect("running entry");
-        e.spec.drafts.clear();
-        e.running = false;
-        e.num_computed = 0;
-        e.timings.preemptions += 1;
-        self.queue.left_batch(&e.tenant);
-        self.queue.push(&e.tenant, e.key, id, e.tokens.len());
-        self.counters.preemptions += 1;
     }
 
     /// Chooses this step's batch.
@@ -499,73 +347,6 @@ impl Scheduler {
             self.admit_waiting(now, &mut budget, &mut batch);
         }
         batch
-    }
-
-    /// Admits waiting requests in fair order while budget, sequence slots and blocks allow.
-    fn admit_waiting(&mut self, now: Instant, budget: &mut usize, batch: &mut Batch) {
-        let bs = self.kv.block_size();
-        let mut skip: Vec<String> = Vec::new();
-        let mut adapters: HashSet<u64> = self
-            .running
-            .iter()
-            .filter_map(|id| self.entries[id].adapter.as_ref().map(|a| a.id))
-            .collect();
-        while *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some((tenant, key, id)) = self.queue.peek(&skip) else {
-                break;
-            };
-            let tenant = tenant.to_owned();
-            let caching = self.cfg.enable_prefix_caching;
-            let e = self.entries.get_mut(&id).expect("queued entry");
-            let adapter = e.adapter.as_ref().map(|a| a.id);
-            if let Some(a) = adapter
-                && !adapters.contains(&a)
-                && adapters.len() >= self.cfg.max_loras
-            {
-                // Its adapter would be one too many in the batch: it waits for a slot.
-                skip.push(tenant);
-                continue;
-            }
-            let total = e.tokens.len();
-            let mut prefix = Vec::new();
-            if caching {
-                e.extend_hashes(bs);
-                prefix = self.kv.cached_prefix(&e.hashes);
-                // At least the last token is computed again: its logits give the next token.
-                while prefix.len() * bs >= total {
-                    prefix.pop();
-                }
-            }
-            let computed = prefix.len() * bs;
-            let n = (total - computed).min(*budget);
-            if self.kv.allocate_with_prefix(id, &prefix, n).is_err() {
-                skip.push(tenant);
-                continue;
-            }
-            let e = self.entries.get_mut(&id).expect("queued entry");
-            if !e.started {
-                e.started = true;
-                e.cached_tokens = computed;
-                e.timings.first_scheduled = Some(now);
-                self.gate.started(&tenant, e.prompt_len);
-            }
-            e.running = true;
-            e.num_computed = computed;
-            self.counters.prefix_query_tokens += total as u64;
-            self.counters.prefix_hit_tokens += computed as u64;
-            self.queue.admit(&tenant, key);
-            self.queue.charge(&tenant, n);
-            self.running.push(id);
-            adapters.extend(adapter);
-            batch.seqs.push(ScheduledSeq {
-                id,
-                start: computed,
-                len: n,
-                sample: computed + n == total,
-                drafts: 0,
-            });
-            *budget -= n;
-        }
     }
 
     /// The model's inputs for `batch` (borrowing the requests' tokens and block tables) and the
@@ -766,6 +547,7 @@ impl Scheduler {
     }
 }
 
+mod queue;
 mod spec;
 #[cfg(test)]
 mod spec_tests;

@@ -488,9 +488,6 @@ fn iteration<K: Kernels>(
     draft(engine, sched, &mut batch);
     let drafting = td.elapsed().as_secs_f64();
     local.draft_seconds += drafting;
-    if engine.has_draft() {
-        sched.observe_draft(batch.seqs.iter().map(|s| s.drafts).sum(), drafting);
-    }
     let (inputs, adapters) = sched.inputs(&batch);
     let t1 = Instant::now();
     let result = engine.step_lora(&inputs, &adapters);
@@ -503,11 +500,10 @@ fn iteration<K: Kernels>(
         Err(e) => sched.fail(&batch, &format!("model step failed: {e}"), tok),
     }
     let t2 = Instant::now();
-    // Decode-shaped steps only: a prefill chunk's hundreds of positions would dominate the fit of the
+    // Decode-shaped steps apart: a prefill chunk's hundreds of positions would dominate the fit of the
     // step sizes speculation decides between.
-    if batch.seqs.iter().all(|s| s.len == 1 + s.drafts) {
-        sched.observe_step(batch.num_tokens(), (t2 - t1).as_secs_f64());
-    }
+    let decode = batch.seqs.iter().all(|s| s.len == 1 + s.drafts);
+    sched.observe_step(batch.num_tokens(), (t2 - t1).as_secs_f64(), decode);
     local.steps += 1;
     local.step_tokens += batch.num_tokens() as u64;
     local.schedule_seconds += (t1 - t0).as_secs_f64() - drafting;
@@ -523,9 +519,14 @@ fn draft<K: Kernels>(engine: &mut Engine<K>, sched: &mut Scheduler, batch: &mut 
         return;
     };
     while !round.is_done() {
-        let result = engine.draft_step(&sched.draft_inputs(&round));
+        let inputs = sched.draft_inputs(&round);
+        let positions = inputs.iter().map(|s| s.tokens.len()).sum();
+        let t = Instant::now();
+        let result = engine.draft_step(&inputs);
+        drop(inputs);
         match result {
             Ok(logits) => {
+                sched.observe_draft(positions, t.elapsed().as_secs_f64());
                 sched.draft_absorb(&mut round, &logits);
                 engine.recycle_draft(logits);
             }

@@ -181,6 +181,13 @@ impl DraftKv {
         self.written.remove(&id);
     }
 
+    /// Committed tokens of a sequence with `len` of them that its next round would feed beyond the
+    /// last one (its catch-up).
+    pub fn behind(&self, id: RequestId, len: usize) -> usize {
+        let start = self.computed.get(&id).copied().unwrap_or(0);
+        len.saturating_sub(1).saturating_sub(start)
+    }
+
     /// `id`'s draft block table (empty if it has none).
     pub fn block_table(&self, id: RequestId) -> &[crate::kv::BlockId] {
         self.kv.block_table(id)

@@ -43,16 +43,22 @@ impl Scheduler {
         self.draft_kv = Some(DraftKv::new(num_blocks, self.kv.block_size()));
     }
 
-    /// Records a model step's scored positions and seconds (the cost model speculation decides by).
-    pub fn observe_step(&mut self, positions: usize, seconds: f64) {
-        if self.cfg.speculative.is_some() {
+    /// Records a model step's scored positions and seconds (the cost model speculation decides by);
+    /// `decode` when every sequence scored only its last token and its drafts.
+    pub fn observe_step(&mut self, positions: usize, seconds: f64, decode: bool) {
+        if self.cfg.speculative.is_none() {
+            return;
+        }
+        if decode {
             self.step_cost.observe(positions, seconds);
+        } else {
+            self.step_cost.observe_prefill(positions, seconds);
         }
     }
 
-    /// Records a draft model's round: `drafted` tokens in `seconds`.
-    pub fn observe_draft(&mut self, drafted: usize, seconds: f64) {
-        self.step_cost.observe_draft(drafted, seconds);
+    /// Records a draft model's pass: `positions` fed tokens in `seconds`.
+    pub fn observe_draft(&mut self, positions: usize, seconds: f64) {
+        self.step_cost.observe_draft(positions, seconds);
     }
 
     /// Speculation counters since start.
@@ -138,9 +144,17 @@ impl Scheduler {
         }
         let candidates: Vec<Candidate> = ids
             .iter()
-            .map(|id| Candidate {
-                per_token: self.entries[id].spec.gate.per_token(prior),
-                k: wants[id].k,
+            .map(|id| {
+                let e = &self.entries[id];
+                Candidate {
+                    per_token: e.spec.gate.per_token(prior),
+                    k: wants[id].k,
+                    behind: self
+                        .draft_kv
+                        .as_ref()
+                        .map_or(0, |d| d.behind(*id, e.tokens.len())),
+                    remaining: e.seq.remaining(),
+                }
             })
             .collect();
         let keep = self
