@@ -310,21 +310,22 @@ fn prompt(salt: u32) -> Vec<u32> {
     (0..40u32).map(|i| 20 + (i * 13 + salt * 37) % 400).collect()
 }
 
+/// No adapter, then `n` rank-8 adapters generated in `dir` for `base` with seeds `seed`, `seed + 1`, ….
+fn base_and_adapters(dir: &Path, base: &Path, n: u64, seed: u64) -> Vec<Option<Arc<LoraAdapter>>> {
+    let adapters = (0..n).map(|i| {
+        let d = dir.join(format!("a{i}"));
+        gen_adapter(&d, base, 8, seed + i, &[]).unwrap();
+        Some(load_adapter(&d, base, &format!("a{i}")))
+    });
+    std::iter::once(None).chain(adapters).collect()
+}
+
 #[test]
 fn a_mixed_batch_of_base_and_three_adapters_matches_each_alone() {
     let t = tempfile::tempdir().unwrap();
     let base = t.path().join("base");
     base_model(&base, Shape::Tiny);
-    let adapters: Vec<Arc<LoraAdapter>> = (0..3)
-        .map(|i| {
-            let d = t.path().join(format!("a{i}"));
-            gen_adapter(&d, &base, 8, 10 + i, &[]).unwrap();
-            load_adapter(&d, &base, &format!("a{i}"))
-        })
-        .collect();
-    let choices: Vec<Option<Arc<LoraAdapter>>> = std::iter::once(None)
-        .chain(adapters.iter().cloned().map(Some))
-        .collect();
+    let choices = base_and_adapters(t.path(), &base, 3, 10);
     // Alone, one at a time.
     let h = start(&base, 4);
     let alone: Vec<Vec<u32>> = choices
@@ -420,16 +421,7 @@ fn adapter_requests_verify_with_their_adapter_under_speculation() {
     let t = tempfile::tempdir().unwrap();
     let base = common::smollm2_gguf();
     let tok = ModelDir::open(&base).unwrap().tokenizer;
-    let adapters: Vec<Arc<LoraAdapter>> = (0..2)
-        .map(|i| {
-            let d = t.path().join(format!("a{i}"));
-            gen_adapter(&d, &base, 8, 20 + i, &[]).unwrap();
-            load_adapter(&d, &base, &format!("a{i}"))
-        })
-        .collect();
-    let choices: Vec<Option<Arc<LoraAdapter>>> = std::iter::once(None)
-        .chain(adapters.iter().cloned().map(Some))
-        .collect();
+    let choices = base_and_adapters(t.path(), &base, 2, 20);
     let run = |h: &EngineHandle, prompts: &[Vec<u32>], which: &[usize]| -> Vec<Vec<u32>> {
         let streams: Vec<RequestStream> = which
             .iter()
