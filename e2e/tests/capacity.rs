@@ -179,8 +179,18 @@ async fn kv_pools_follow_the_memory_limits_and_admission_follows_the_pools() {
             0.0,
             "{name}: {fit} requests of 16 blocks fit {blocks} blocks"
         );
+        // One more cannot hold its blocks with the others — when they overlap: a request that starts
+        // late (a slow client connection on a loaded machine) may find the first ones finished, so
+        // up to 3 tries (a clean-clone CI run once saw none in its only try).
+        let mut preempted = 0.0;
+        for _ in 0..3 {
+            preempted = preemptions_with(&ip, fit + 1).await;
+            if preempted >= 1.0 {
+                break;
+            }
+        }
         assert!(
-            preemptions_with(&ip, fit + 1).await >= 1.0,
+            preempted >= 1.0,
             "{name}: {} requests of 16 blocks cannot all hold their blocks in {blocks}",
             fit + 1
         );
