@@ -168,11 +168,6 @@ impl<K: Kernels> Engine<K> {
             .forward_lora(&self.kernels, batch, &weights, &mut self.cache)
     }
 
-    /// Whether a draft model is attached.
-    pub fn has_draft(&self) -> bool {
-        self.draft.is_some()
-    }
-
     /// Loads `md` as the draft model of speculative decoding, with `num_kv_blocks` KV blocks of this
     /// engine's block size and element type. Refused, naming the difference, unless its tokenizer's
     /// vocabulary and special tokens, its logits width and its EOS ids are this model's, and its

@@ -163,8 +163,7 @@ impl Candidate {
     /// This step's share of its catch-up, at `fed` seconds a fed token: the whole of it spread over
     /// the steps left if it drafts all its k drafts in each.
     fn catch_up(&self, fed: f64) -> f64 {
-        let p = self.per_token.clamp(0.0, 1.0);
-        let per_step = 1.0 + (1..=self.k).map(|j| p.powi(j as i32)).sum::<f64>();
+        let per_step = 1.0 + expected(self.per_token, self.k);
         let steps = (self.remaining as f64 / per_step).max(1.0);
         fed * self.behind as f64 / steps
     }
@@ -356,6 +355,12 @@ fn pick(candidates: &[Candidate], prices: Prices, decoding: f64, plain_seconds: 
     keep
 }
 
+/// The tokens `k` drafts accepting `per_token` each are expected to yield: α + α² + … + α^k.
+fn expected(per_token: f64, k: usize) -> f64 {
+    let p = per_token.clamp(0.0, 1.0);
+    (1..=k).map(|j| p.powi(j as i32)).sum()
+}
+
 /// The expected tokens per second of a step in which each candidate keeps `keep` drafts.
 fn rate(candidates: &[Candidate], keep: &[usize], prices: Prices, decoding: f64, plain_seconds: f64) -> f64 {
     let (mut tokens, mut seconds) = (decoding, plain_seconds);
@@ -365,8 +370,7 @@ fn rate(candidates: &[Candidate], keep: &[usize], prices: Prices, decoding: f64,
         if k == 0 {
             continue;
         }
-        let p = c.per_token.clamp(0.0, 1.0);
-        tokens += (1..=k).map(|j| p.powi(j as i32)).sum::<f64>();
+        tokens += expected(c.per_token, k);
         seconds += (prices.position + prices.fed) * k as f64 + c.catch_up(prices.fed);
     }
     tokens / seconds
