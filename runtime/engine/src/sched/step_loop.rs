@@ -34,7 +34,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 enum Command {
-    Submit(Box<Submitted>),
+    /// The sequences of one API request, in one message: the loop takes them in the same iteration,
+    /// so they are scheduled from the same step (a step between them would give the first a head
+    /// start its siblings never make up).
+    Submit(Vec<Submitted>),
     Abort(RequestId),
     Shutdown,
     /// Fault injection (tests, chaos drills): panic inside the loop as a bug would.
@@ -279,30 +282,24 @@ impl EngineHandle {
         let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         self.gate.try_enter_group(&tenant, &tokens, quota)?;
         let mut out = Vec::with_capacity(requests.len());
-        let mut requests = requests.into_iter();
-        while let Some(request) = requests.next() {
+        let mut group = Vec::with_capacity(requests.len());
+        for request in requests {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let (events, rx) = tokio::sync::mpsc::unbounded_channel();
-            let tx = guard.clone();
-            let len = request.prompt.len();
-            if tx
-                .send(Command::Submit(Box::new(Submitted { id, request, events })))
-                .is_err()
-            {
-                // The loop is gone: this one and the rest never reach it (those sent are aborted as
-                // their streams drop).
-                self.gate.left(&tenant, len, true);
-                for r in requests {
-                    self.gate.left(&tenant, r.prompt.len(), true);
-                }
-                return Err(Rejection::ShuttingDown);
-            }
             out.push(RequestStream {
                 id,
                 rx,
-                tx,
+                tx: guard.clone(),
                 done: false,
             });
+            group.push(Submitted { id, request, events });
+        }
+        if guard.send(Command::Submit(group)).is_err() {
+            // The loop is gone: none of them reaches it.
+            for len in tokens {
+                self.gate.left(&tenant, len, true);
+            }
+            return Err(Rejection::ShuttingDown);
         }
         drop(guard);
         Ok(out)
@@ -462,7 +459,7 @@ fn iteration<K: Kernels>(
     }
     for c in pending {
         match c {
-            Command::Submit(s) => sched.add(*s),
+            Command::Submit(group) => group.into_iter().for_each(|s| sched.add(s)),
             Command::Abort(id) => sched.abort(id, FinishReason::Cancelled, None, tok),
             Command::Shutdown => {
                 sched.abort_all(FinishReason::Cancelled, "the server is shutting down", tok);
