@@ -14,12 +14,18 @@
 #              renamed (chat, greedy, EOS ends it): speculation off vs n-gram at 1 and 4 streams, with
 #              the acceptance rate from /metrics.
 #   stories  — open-ended stories (nothing to look up; 256 tokens, EOS ignored): off vs n-gram at 1 and
-#              16 streams.
+#              16 streams, each stream sending STORY_REQUESTS (default 1) stories one after another
+#              (more make each run longer, which averages out the machine's second-to-second noise).
 #   draft    — the Q4_1 file drafting for the f16 model on the edit and story workloads at 1 stream.
 #   control  — an A/A control: stories at CONTROL_STREAMS (default 16) streams, speculation off
 #              ("control-a") against speculation off again ("control-b"), interleaved like the others.
 #              The spread of its ratios is the machine's noise floor: a ratio of the other parts
 #              spreading no wider than it is as steady as this machine can show.
+#   live     — stories at LIVE_STREAMS (default 16) streams with three servers up at once: off, n-gram,
+#              and off again (the A/A control, "off-again"), measured in turn LIVE_ROUNDS (default 12)
+#              times per rep, in rotating order, fresh servers each rep. The pairs above start a server
+#              for every run; here a round costs three runs and no starts, so the many rounds a ratio
+#              near 1.0 needs on a noisy machine are affordable, with the A/A control in the same rounds.
 #   llama    — llama-server on the edit workload at 1 stream: plain, with its own n-gram lookup
 #              (`--spec-type ngram-simple`, its defaults) and with its own draft-model speculation
 #              (`--spec-type draft-simple -md` the Q4_1 file, `--spec-draft-n-max` DRAFT_K).
@@ -28,7 +34,7 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
-THREADS="${THREADS:-2}" REPS="${REPS:-5}" PARTS="${PARTS:-edit stories control draft llama}"
+THREADS="${THREADS:-2}" REPS="${REPS:-5}" PARTS="${PARTS:-edit stories control live draft llama}"
 K="${K:-4}" LOOKUP_MIN="${LOOKUP_MIN:-2}" LOOKUP_MAX="${LOOKUP_MAX:-5}" DRAFT_K="${DRAFT_K:-3}"
 TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
 MODELS="${MODELFLEET_BENCH_MODELS:-$HOME/.cache/modelfleet/bench-models}"
@@ -82,7 +88,7 @@ EOF
 
 wait_up() {
   for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+    curl -sf "http://127.0.0.1:${1:-$PORT}/health" >/dev/null 2>&1 && return 0
     sleep 0.1
   done
   echo "server did not come up" >&2; return 1
@@ -91,24 +97,42 @@ wait_up() {
 ngram_cfg="{\"method\":\"ngram\",\"num_speculative_tokens\":$K,\"prompt_lookup_min\":$LOOKUP_MIN,\"prompt_lookup_max\":$LOOKUP_MAX}"
 draft_cfg="{\"model\":\"$Q4\",\"num_speculative_tokens\":$DRAFT_K}"
 
-# run SERVER CONFIG WORKLOAD STREAMS REP -> one JSON line
-run() {
-  local server=$1 config=$2 workload=$3 n=$4 rep=$5 pid spec=() args=()
-  case $config in
+# serve_ours CONFIG PORT: starts our server in CONFIG on PORT (admin PORT+1), its pid in $served.
+serve_ours() {
+  local spec=()
+  case $1 in
     ngram) spec=(--speculative-config "$ngram_cfg") ;;
     draft) spec=(--speculative-config "$draft_cfg") ;;
   esac
-  case $workload in
-    edit) args=(--prompts "$WORK/edit.json" --chat --eos --no-stream --max-tokens 700 --requests 1) ;;
-    stories) args=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256 --requests 1) ;;
+  "$SERVER_BIN" serve --model "$F16" --served-model-name m --port "$2" \
+    --admin-port $(($2 + 1)) --threads "$THREADS" --max-num-seqs 64 --max-model-len 2048 \
+    --kv-cache-dtype float16 "${spec[@]}" >"$WORK/server-$2.log" 2>&1 & served=$!
+}
+
+# workload_args WORKLOAD: loadgen's arguments for it, in $loadargs.
+workload_args() {
+  case $1 in
+    edit) loadargs=(--prompts "$WORK/edit.json" --chat --eos --no-stream --max-tokens 700 --requests 1) ;;
+    stories) loadargs=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256 --requests "${STORY_REQUESTS:-1}") ;;
   esac
+}
+
+# spec_counts PORT: the speculation counters of our server on PORT, as "drafts draft_tokens accepted".
+spec_counts() {
+  curl -sf "http://127.0.0.1:$(($1 + 1))/metrics" | awk '
+    /^vllm:spec_decode_num_drafts_total/ {r=$2} /^vllm:spec_decode_num_draft_tokens_total/ {d=$2}
+    /^vllm:spec_decode_num_accepted_tokens_total/ {a=$2} END {printf "%d %d %d\n", r, d, a}'
+}
+
+# run SERVER CONFIG WORKLOAD STREAMS REP -> one JSON line
+run() {
+  local server=$1 config=$2 workload=$3 n=$4 rep=$5 pid args=()
+  workload_args "$workload"; args=("${loadargs[@]}")
   if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
     echo "port $PORT already answers: stop that server first" >&2; exit 1
   fi
   if [[ $server == ours ]]; then
-    "$SERVER_BIN" serve --model "$F16" --served-model-name m --port $PORT \
-      --admin-port $((PORT + 1)) --threads "$THREADS" --max-num-seqs 64 --max-model-len 2048 \
-      --kv-cache-dtype float16 "${spec[@]}" >"$WORK/server.log" 2>&1 & pid=$!
+    serve_ours "$config" $PORT; pid=$served
   else
     local md=()
     case $config in
@@ -119,15 +143,13 @@ run() {
       -c $(( n * 2048 )) --alias m "${md[@]}" >"$WORK/server.log" 2>&1 & pid=$!
   fi
   wait_up
-  kill -0 "$pid" 2>/dev/null || { echo "the server exited: $(tail -3 "$WORK/server.log")" >&2; exit 1; }
+  kill -0 "$pid" 2>/dev/null || { echo "the server exited: $(tail -3 "$WORK"/server*.log)" >&2; exit 1; }
   python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
   local line acc=""
   line="$(python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams "$n" "${args[@]}")"
   if [[ $server == ours && $config != off && $config != control-* ]]; then
-    acc="$(curl -sf "http://127.0.0.1:$((PORT + 1))/metrics" | awk '
-      /^vllm:spec_decode_num_draft_tokens_total/ {d=$2} /^vllm:spec_decode_num_accepted_tokens_total/ {a=$2}
-      /^vllm:spec_decode_num_drafts_total/ {r=$2}
-      END {printf "\"drafts\": %d, \"draft_tokens\": %d, \"accepted\": %d, ", r, d, a}')"
+    read -r r d a < <(spec_counts $PORT)
+    acc="\"drafts\": $r, \"draft_tokens\": $d, \"accepted\": $a, "
   fi
   kill "$pid"; wait "$pid" 2>/dev/null || true
   echo "$line" | sed "s/^{/{\"server\": \"$server\", \"config\": \"$config\", \"workload\": \"$workload\", \"rep\": $rep, $acc/"
@@ -139,6 +161,40 @@ pair() {
   else run ours "$2" "$3" "$4" "$5"; run ours "$1" "$3" "$4" "$5"; fi
 }
 
+# live WORKLOAD STREAMS ROUNDS: three servers of ours up at once — off, n-gram, and off again (the A/A
+# control) — measured in turn, one run each per round, in an order that rotates through all six
+# permutations (the runs compared are seconds apart); the counters are read around each run.
+live() {
+  local workload=$1 n=$2 rounds=$3 rep=$4 configs=(off ngram off-again) pids=() i line r d a r0 d0 a0 acc
+  for i in 0 1 2; do
+    if curl -sf "http://127.0.0.1:$((PORT + 2 * i))/health" >/dev/null 2>&1; then
+      echo "port $((PORT + 2 * i)) already answers: stop that server first" >&2; exit 1
+    fi
+  done
+  for i in 0 1 2; do
+    serve_ours "${configs[$i]}" $((PORT + 2 * i)); pids+=("$served")
+  done
+  for i in 0 1 2; do
+    wait_up $((PORT + 2 * i))
+    python3 bench/loadgen.py --url "http://127.0.0.1:$((PORT + 2 * i))" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
+  done
+  workload_args "$workload"
+  local perms=("0 1 2" "1 2 0" "2 0 1" "0 2 1" "2 1 0" "1 0 2")
+  for round in $(seq 1 "$rounds"); do
+    for i in ${perms[$(( (round - 1) % 6 ))]}; do
+      local port=$((PORT + 2 * i)) acc=""
+      read -r r0 d0 a0 < <(spec_counts $port)
+      line="$(python3 bench/loadgen.py --url "http://127.0.0.1:$port" --model m --streams "$n" "${loadargs[@]}")"
+      if [[ ${configs[$i]} == ngram ]]; then
+        read -r r d a < <(spec_counts $port)
+        acc="\"drafts\": $((r - r0)), \"draft_tokens\": $((d - d0)), \"accepted\": $((a - a0)), "
+      fi
+      echo "$line" | sed "s/^{/{\"server\": \"ours\", \"config\": \"${configs[$i]}\", \"workload\": \"$workload-live\", \"rep\": $(( (rep - 1) * rounds + round )), $acc/"
+    done
+  done
+  kill "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true
+}
+
 {
   for rep in $(seq 1 "$REPS"); do
     for part in $PARTS; do
@@ -147,6 +203,7 @@ pair() {
         stories) for n in ${STORY_STREAMS:-1 16}; do pair off ngram stories $n $rep; done ;;
         draft) for w in edit stories; do pair off draft $w 1 $rep; done ;;
         control) pair control-a control-b stories "${CONTROL_STREAMS:-16}" $rep ;;
+        live) live stories "${LIVE_STREAMS:-16}" "${LIVE_ROUNDS:-12}" $rep ;;
         llama) run llama off edit 1 $rep; run llama ngram edit 1 $rep; run llama draft edit 1 $rep ;;
       esac
     done
