@@ -308,8 +308,11 @@ async fn cost_in_status_matches_the_counters_of_a_scripted_load() {
     );
     let price = 3.60;
 
-    // 6 requests in flight per pod, 2 running at a time: the queues never empty.
-    let load = Load::start(&ips, 6);
+    // 16 requests in flight per pod, 2 running at a time: the queues never empty. (With 6, a machine
+    // fast enough to answer the 16-token requests sooner than this single-threaded client sent new
+    // ones left the queues empty at most samples: status counted 16 saturated replica-seconds of 185,
+    // and their rate was 8% off the 60 s the counters averaged.)
+    let load = Load::start(&ips, 16);
     tokio::time::sleep(Duration::from_secs(15)).await;
     let (t1, c1) = tokens(&ips).await;
     // Steady load for 60 s: count status writes meanwhile.
