@@ -117,6 +117,11 @@ workload_args() {
   esac
 }
 
+# warm_up PORT: one short request, so the first measured run does not pay for the first one.
+warm_up() {
+  python3 bench/loadgen.py --url "http://127.0.0.1:$1" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
+}
+
 # spec_counts PORT: the speculation counters of our server on PORT, as "drafts draft_tokens accepted".
 spec_counts() {
   curl -sf "http://127.0.0.1:$(($1 + 1))/metrics" | awk '
@@ -126,8 +131,8 @@ spec_counts() {
 
 # run SERVER CONFIG WORKLOAD STREAMS REP -> one JSON line
 run() {
-  local server=$1 config=$2 workload=$3 n=$4 rep=$5 pid args=()
-  workload_args "$workload"; args=("${loadargs[@]}")
+  local server=$1 config=$2 workload=$3 n=$4 rep=$5 pid
+  workload_args "$workload"
   if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
     echo "port $PORT already answers: stop that server first" >&2; exit 1
   fi
@@ -144,9 +149,9 @@ run() {
   fi
   wait_up
   kill -0 "$pid" 2>/dev/null || { echo "the server exited: $(tail -3 "$WORK"/server*.log)" >&2; exit 1; }
-  python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
+  warm_up $PORT
   local line acc=""
-  line="$(python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams "$n" "${args[@]}")"
+  line="$(python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams "$n" "${loadargs[@]}")"
   if [[ $server == ours && $config != off && $config != control-* ]]; then
     read -r r d a < <(spec_counts $PORT)
     acc="\"drafts\": $r, \"draft_tokens\": $d, \"accepted\": $a, "
@@ -175,8 +180,7 @@ live() {
     serve_ours "${configs[$i]}" $((PORT + 2 * i)); pids+=("$served")
   done
   for i in 0 1 2; do
-    wait_up $((PORT + 2 * i))
-    python3 bench/loadgen.py --url "http://127.0.0.1:$((PORT + 2 * i))" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
+    wait_up $((PORT + 2 * i)); warm_up $((PORT + 2 * i))
   done
   workload_args "$workload"
   local perms=("0 1 2" "1 2 0" "2 0 1" "0 2 1" "2 1 0" "1 0 2")
