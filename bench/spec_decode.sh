@@ -122,11 +122,26 @@ warm_up() {
   python3 bench/loadgen.py --url "http://127.0.0.1:$1" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
 }
 
-# spec_counts PORT: the speculation counters of our server on PORT, as "drafts draft_tokens accepted".
-spec_counts() {
+# counters PORT: our server's cumulative counters on PORT, as "drafts draft_tokens accepted steps
+# positions model_seconds draft_seconds" (speculation's, then the step loop's).
+counters() {
   curl -sf "http://127.0.0.1:$(($1 + 1))/metrics" | awk '
     /^vllm:spec_decode_num_drafts_total/ {r=$2} /^vllm:spec_decode_num_draft_tokens_total/ {d=$2}
-    /^vllm:spec_decode_num_accepted_tokens_total/ {a=$2} END {printf "%d %d %d\n", r, d, a}'
+    /^vllm:spec_decode_num_accepted_tokens_total/ {a=$2} /^modelfleet_engine_steps_total/ {s=$2}
+    /^modelfleet_engine_step_positions_total/ {p=$2} /^modelfleet_engine_model_seconds_total/ {m=$2}
+    /^modelfleet_engine_draft_seconds_total/ {q=$2}
+    END {printf "%d %d %d %d %d %.6f %.6f\n", r, d, a, s, p, m, q}'
+}
+
+# fields BEFORE AFTER CONFIG: one run's JSON fields from the counters read around it — the step
+# loop's work (steps, positions computed, seconds in the model and the draft model) and, when CONFIG
+# speculates, the drafts.
+fields() {
+  awk -v b="$1" -v a="$2" -v c="$3" 'BEGIN { split(b, x); split(a, y);
+    if (c != "off" && c != "off-again" && c !~ /^control-/)
+      printf "\"drafts\": %d, \"draft_tokens\": %d, \"accepted\": %d, ", y[1] - x[1], y[2] - x[2], y[3] - x[3];
+    printf "\"steps\": %d, \"positions\": %d, \"model_s\": %.3f, \"draft_s\": %.3f, ",
+      y[4] - x[4], y[5] - x[5], y[6] - x[6], y[7] - x[7] }'
 }
 
 # run SERVER CONFIG WORKLOAD STREAMS REP -> one JSON line
@@ -150,12 +165,10 @@ run() {
   wait_up
   kill -0 "$pid" 2>/dev/null || { echo "the server exited: $(tail -3 "$WORK"/server*.log)" >&2; exit 1; }
   warm_up $PORT
-  local line acc=""
+  local line acc="" before=""
+  if [[ $server == ours ]]; then before="$(counters $PORT)"; fi
   line="$(python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams "$n" "${loadargs[@]}")"
-  if [[ $server == ours && $config != off && $config != control-* ]]; then
-    read -r r d a < <(spec_counts $PORT)
-    acc="\"drafts\": $r, \"draft_tokens\": $d, \"accepted\": $a, "
-  fi
+  if [[ $server == ours ]]; then acc="$(fields "$before" "$(counters $PORT)" "$config")"; fi
   kill "$pid"; wait "$pid" 2>/dev/null || true
   echo "$line" | sed "s/^{/{\"server\": \"$server\", \"config\": \"$config\", \"workload\": \"$workload\", \"rep\": $rep, $acc/"
 }
@@ -170,7 +183,7 @@ pair() {
 # control) — measured in turn, one run each per round, in an order that rotates through all six
 # permutations (the runs compared are seconds apart); the counters are read around each run.
 live() {
-  local workload=$1 n=$2 rounds=$3 rep=$4 configs=(off ngram off-again) pids=() i line r d a r0 d0 a0 acc
+  local workload=$1 n=$2 rounds=$3 rep=$4 configs=(off ngram off-again) pids=() i line before acc
   for i in 0 1 2; do
     if curl -sf "http://127.0.0.1:$((PORT + 2 * i))/health" >/dev/null 2>&1; then
       echo "port $((PORT + 2 * i)) already answers: stop that server first" >&2; exit 1
@@ -186,13 +199,10 @@ live() {
   local perms=("0 1 2" "1 2 0" "2 0 1" "0 2 1" "2 1 0" "1 0 2")
   for round in $(seq 1 "$rounds"); do
     for i in ${perms[$(( (round - 1) % 6 ))]}; do
-      local port=$((PORT + 2 * i)) acc=""
-      read -r r0 d0 a0 < <(spec_counts $port)
+      local port=$((PORT + 2 * i))
+      before="$(counters $port)"
       line="$(python3 bench/loadgen.py --url "http://127.0.0.1:$port" --model m --streams "$n" "${loadargs[@]}")"
-      if [[ ${configs[$i]} == ngram ]]; then
-        read -r r d a < <(spec_counts $port)
-        acc="\"drafts\": $((r - r0)), \"draft_tokens\": $((d - d0)), \"accepted\": $((a - a0)), "
-      fi
+      acc="$(fields "$before" "$(counters $port)" "${configs[$i]}")"
       echo "$line" | sed "s/^{/{\"server\": \"ours\", \"config\": \"${configs[$i]}\", \"workload\": \"$workload-live\", \"rep\": $(( (rep - 1) * rounds + round )), $acc/"
     done
   done
@@ -238,4 +248,27 @@ for (w, n, server, config), rs in sorted(groups.items()):
         k = sum(r["drafts"] for r in rs)
         acc = f"{a / d:.0%} of {d} drafted, {a / max(k, 1):.2f} per run" if d else "nothing drafted"
     print(f"| {w} | {n} | {server} | {config} | {statistics.median(tok):.1f} ({min(tok):.1f}–{max(tok):.1f}) | {ratio} | {acc} |")
+
+# Where the time went (our server): the step loop's work per generated token, and the share of the
+# run's wall time the engine spent in the models. "× off" is off's model time per token ÷ this one's
+# (per rep), comparable with the tok/s ratio above: where that ratio is lower, the difference was lost
+# outside the models (or to noise); where this one is lower too, in them.
+print()
+print("| workload | streams | config | positions ÷ token | model ms ÷ token, median (min–max) | × off (min–max) | in the models ÷ wall |")
+print("|---|---|---|---|---|---|---|")
+for (w, n, server, config), rs in sorted(groups.items()):
+    rs = [r for r in rs if "model_s" in r and r["tokens"]]
+    if not rs:
+        continue
+    per = {r["rep"]: (r["model_s"] + r["draft_s"]) / r["tokens"] for r in rs}
+    base = groups.get((w, n, server, "control-a" if config == "control-b" else "off"))
+    ratio = ""
+    if base and config not in ("off", "control-a"):
+        by_rep = {r["rep"]: (r["model_s"] + r["draft_s"]) / r["tokens"] for r in base if r.get("tokens")}
+        rr = [by_rep[k] / per[k] for k in per if k in by_rep]
+        ratio = f"{statistics.median(rr):.2f}× ({min(rr):.2f}–{max(rr):.2f})"
+    pos = statistics.median(r["positions"] / r["tokens"] for r in rs)
+    ms = [1000 * v for v in per.values()]
+    busy = statistics.median((r["model_s"] + r["draft_s"]) / r["wall_s"] for r in rs)
+    print(f"| {w} | {n} | {config} | {pos:.2f} | {statistics.median(ms):.2f} ({min(ms):.2f}–{max(ms):.2f}) | {ratio} | {busy:.0%} |")
 EOF

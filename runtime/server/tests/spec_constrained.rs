@@ -339,6 +339,34 @@ fn served_constrained_requests_speculate_and_report_on_the_admin_port() {
     );
     assert!(accepted <= drafted);
     assert_eq!(counter("modelfleet_spec_decode_draft_tokens_total"), drafted);
+    // The step counters account for every position the model computed: the prompts' uncached tokens,
+    // then per decode row the last committed token and its drafts. A row commits 1 + its accepted
+    // drafts, or only the accepted ones when one of them ends the request (at most once a request);
+    // a request's first token comes from its prompt's last position.
+    let sum = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let requests = sum("modelfleet_requests_total");
+    let prompt = sum("modelfleet_prompt_tokens_total") - sum("modelfleet_cached_prompt_tokens_total");
+    let generated = sum("modelfleet_generation_tokens_total");
+    let least = prompt + drafted + generated - accepted - requests;
+    let positions = counter("modelfleet_engine_step_positions_total");
+    assert!(
+        (least..=least + requests).contains(&positions),
+        "{positions} positions, expected {least} to {}: {metrics}",
+        least + requests
+    );
+    assert!(counter("modelfleet_engine_steps_total") > 0.0);
+    assert!(counter("modelfleet_engine_model_seconds_total") > 0.0);
+    assert_eq!(
+        counter("modelfleet_engine_draft_seconds_total"),
+        0.0,
+        "no draft model"
+    );
     let (status, _) = common::http(on.port, "GET", "/metrics", &[], "");
     assert_ne!(status, 200, "/metrics is served on the admin port only");
 }

@@ -482,8 +482,11 @@ fn iteration<K: Kernels>(
         return true;
     }
     let td = Instant::now();
-    draft(engine, sched, &mut batch);
-    let drafting = td.elapsed().as_secs_f64();
+    let drafting = if draft(engine, sched, &mut batch) {
+        td.elapsed().as_secs_f64()
+    } else {
+        0.0
+    };
     local.draft_seconds += drafting;
     let (inputs, adapters) = sched.inputs(&batch);
     let t1 = Instant::now();
@@ -511,9 +514,10 @@ fn iteration<K: Kernels>(
 
 /// Runs the draft model's round for the batch's speculating requests (nothing without a draft model):
 /// one batched pass per draft position; a failed pass drops the round and the requests decode plainly.
-fn draft<K: Kernels>(engine: &mut Engine<K>, sched: &mut Scheduler, batch: &mut super::Batch) {
+/// Whether a round ran.
+fn draft<K: Kernels>(engine: &mut Engine<K>, sched: &mut Scheduler, batch: &mut super::Batch) -> bool {
     let Some(mut round) = sched.draft_round(batch) else {
-        return;
+        return false;
     };
     while !round.is_done() {
         let inputs = sched.draft_inputs(&round);
@@ -529,11 +533,12 @@ fn draft<K: Kernels>(engine: &mut Engine<K>, sched: &mut Scheduler, batch: &mut 
             }
             Err(_) => {
                 sched.abandon_draft_round(round, batch);
-                return;
+                return true;
             }
         }
     }
     sched.end_draft_round(Some(round), batch);
+    true
 }
 
 /// On running out of work: the step buffers go back to the allocator (they are reused from step to

@@ -498,9 +498,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let grammars = structured::grammars(engine.model_dir()).await;
     let spec_metrics = crate::spec_metrics::SpecMetrics::new(metrics.registry(), &name);
+    let step_metrics = crate::metrics::steps::StepMetrics::new(metrics.registry(), &name);
     let st = Arc::new(AppState {
         grammars,
         spec_metrics,
+        step_metrics,
         adapters: Arc::new(registry),
         adapters_ready: Default::default(),
         engine: Arc::new(engine),

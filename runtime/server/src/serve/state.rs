@@ -55,6 +55,8 @@ pub struct AppState {
     pub prompt_work: super::prompt::PromptWork,
     /// Speculative decoding counters.
     pub spec_metrics: crate::spec_metrics::SpecMetrics,
+    /// Where the step loop's time goes.
+    pub step_metrics: crate::metrics::steps::StepMetrics,
 }
 
 /// Request body bounds (read only after the caller's key was checked).
@@ -123,5 +125,6 @@ impl AppState {
         self.metrics.set_engine(&self.served_name, EngineGauges::from(&s));
         self.adapters.metrics().refresh(&s.adapters);
         self.spec_metrics.refresh(&s.spec);
+        self.step_metrics.refresh(&(&s).into());
     }
 }
