@@ -5,7 +5,7 @@
 # alternate, in ABBA order (off then spec in odd reps, spec then off in even ones, so a drift of the
 # machine's speed does not favour either), with the spread (min–max).
 #
-#   bench/spec_decode.sh                 # everything below; JSON lines in $RAW, Markdown tables at the end
+#   bench/spec_decode.sh                 # everything below; JSON lines in $RAW, tables at the end (bench/spec_summary.py)
 #   PARTS="edit stories" REPS=3 bench/spec_decode.sh
 #   EDIT_STREAMS=1 STORY_STREAMS=1 SERVER_BIN=… TARGET_GGUF=… bench/spec_decode.sh   # a reduced run
 #
@@ -224,51 +224,4 @@ live() {
   done
 } | tee "$RAW"
 
-python3 - "$RAW" <<'EOF'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-groups = {}
-for r in rows:
-    groups.setdefault((r["workload"], r["streams"], r["server"], r["config"]), []).append(r)
-def med(rs, key): return statistics.median(r[key] for r in rs)
-print("| workload | streams | server | config | tok/s median (min–max) | × off (median of per-rep ratios, min–max) | acceptance |")
-print("|---|---|---|---|---|---|---|")
-for (w, n, server, config), rs in sorted(groups.items()):
-    tok = [r["tok_s"] for r in rs]
-    # Each configuration against the plain runs of its own pairs (the control's against its first half).
-    base = groups.get((w, n, server, "control-a" if config == "control-b" else "off"))
-    ratio = ""
-    if base and config not in ("off", "control-a"):
-        by_rep = {r["rep"]: r["tok_s"] for r in base}
-        rr = [r["tok_s"] / by_rep[r["rep"]] for r in rs if r["rep"] in by_rep]
-        ratio = f"{statistics.median(rr):.2f}× ({min(rr):.2f}–{max(rr):.2f})"
-    acc = ""
-    if "draft_tokens" in rs[0]:
-        d = sum(r["draft_tokens"] for r in rs); a = sum(r["accepted"] for r in rs)
-        k = sum(r["drafts"] for r in rs)
-        acc = f"{a / d:.0%} of {d} drafted, {a / max(k, 1):.2f} per run" if d else "nothing drafted"
-    print(f"| {w} | {n} | {server} | {config} | {statistics.median(tok):.1f} ({min(tok):.1f}–{max(tok):.1f}) | {ratio} | {acc} |")
-
-# Where the time went (our server): the step loop's work per generated token, and the share of the
-# run's wall time the engine spent in the models. "× off" is off's model time per token ÷ this one's
-# (per rep), comparable with the tok/s ratio above: where that ratio is lower, the difference was lost
-# outside the models (or to noise); where this one is lower too, in them.
-print()
-print("| workload | streams | config | positions ÷ token | model ms ÷ token, median (min–max) | × off (min–max) | in the models ÷ wall |")
-print("|---|---|---|---|---|---|---|")
-for (w, n, server, config), rs in sorted(groups.items()):
-    rs = [r for r in rs if "model_s" in r and r["tokens"]]
-    if not rs:
-        continue
-    per = {r["rep"]: (r["model_s"] + r["draft_s"]) / r["tokens"] for r in rs}
-    base = groups.get((w, n, server, "control-a" if config == "control-b" else "off"))
-    ratio = ""
-    if base and config not in ("off", "control-a"):
-        by_rep = {r["rep"]: (r["model_s"] + r["draft_s"]) / r["tokens"] for r in base if r.get("tokens")}
-        rr = [by_rep[k] / per[k] for k in per if k in by_rep]
-        ratio = f"{statistics.median(rr):.2f}× ({min(rr):.2f}–{max(rr):.2f})"
-    pos = statistics.median(r["positions"] / r["tokens"] for r in rs)
-    ms = [1000 * v for v in per.values()]
-    busy = statistics.median((r["model_s"] + r["draft_s"]) / r["wall_s"] for r in rs)
-    print(f"| {w} | {n} | {config} | {pos:.2f} | {statistics.median(ms):.2f} ({min(ms):.2f}–{max(ms):.2f}) | {ratio} | {busy:.0%} |")
-EOF
+python3 bench/spec_summary.py "$RAW"
