@@ -204,7 +204,8 @@ struct Load {
 }
 
 impl Load {
-    fn start(ips: &[String], per_pod: usize) -> Load {
+    /// `per_pod` requests of `max_tokens` tokens kept in flight against each pod.
+    fn start(ips: &[String], per_pod: usize, max_tokens: usize) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
         for ip in ips {
@@ -215,7 +216,7 @@ impl Load {
                         .timeout(Duration::from_secs(60))
                         .build()
                         .unwrap();
-                    let body = serde_json::json!({"model": "tiny", "prompt": "cost of a token", "max_tokens": 16,
+                    let body = serde_json::json!({"model": "tiny", "prompt": "cost of a token", "max_tokens": max_tokens,
                         "temperature": 0, "ignore_eos": true});
                     let mut tokens = 0;
                     while !stop.load(Ordering::SeqCst) {
@@ -308,11 +309,12 @@ async fn cost_in_status_matches_the_counters_of_a_scripted_load() {
     );
     let price = 3.60;
 
-    // 16 requests in flight per pod, 2 running at a time: the queues never empty. (With 6, a machine
-    // fast enough to answer the 16-token requests sooner than this single-threaded client sent new
-    // ones left the queues empty at most samples: status counted 16 saturated replica-seconds of 185,
-    // and their rate was 8% off the 60 s the counters averaged.)
-    let load = Load::start(&ips, 16);
+    // 16 requests of 256 tokens in flight per pod, 2 running at a time: the queues never empty. With
+    // 16-token requests this single-threaded client, not the pods, set the pace on a fast machine — a
+    // pod answered ~420 of them a second — so the queues were empty at many samples: status counted 16
+    // (6 in flight) and then 78 (16 in flight) saturated replica-seconds of ~185, and their rate was
+    // 8–9% off the 60 s the counters averaged. 256-token requests need 16× fewer sends.
+    let load = Load::start(&ips, 16, 256);
     tokio::time::sleep(Duration::from_secs(15)).await;
     let (t1, c1) = tokens(&ips).await;
     // Steady load for 60 s: count status writes meanwhile.
