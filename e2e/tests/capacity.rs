@@ -310,8 +310,8 @@ async fn cost_in_status_matches_the_counters_of_a_scripted_load() {
     let price = 3.60;
 
     // 16 requests of 256 tokens in flight per pod, 2 running at a time: the queues never empty. With
-    // 16-token requests this single-threaded client, not the pods, set the pace on a fast machine — a
-    // pod answered ~420 of them a second — so the queues were empty at many samples: status counted 16
+    // 16-token requests (a pod answered ~420 a second on a fast machine) the queues were empty at many
+    // samples — most likely this single-threaded client, not the pods, set the pace: status counted 16
     // (6 in flight) and then 78 (16 in flight) saturated replica-seconds of ~185, and their rate was
     // 8–9% off the 60 s the counters averaged. 256-token requests need 16× fewer sends.
     let load = Load::start(&ips, 16, 256);
