@@ -7,8 +7,11 @@
 
 SHELL := /bin/bash
 CARGO ?= cargo
+# Seconds the structured-output fuzzer runs in `make test` (runtime/server/tests/constraint_fuzz.rs);
+# `make fuzz FUZZ_SECONDS=1800` is the long run.
+FUZZ_SECONDS ?= 60
 
-.PHONY: setup build up down test lint unit e2e crds clean-cluster
+.PHONY: setup build up down test lint unit e2e crds clean-cluster fuzz
 
 setup:
 	bash e2e/scripts/setup.sh
@@ -31,7 +34,11 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 unit:
-	$(CARGO) test --workspace
+	MODELFLEET_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --workspace
+
+fuzz:
+	MODELFLEET_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --release -p modelfleet-runtime \
+		--test constraint_fuzz -- --nocapture
 
 e2e: build
 	bash e2e/scripts/run-e2e.sh

@@ -30,6 +30,9 @@ pub mod condition_types {
     pub const SCALING_ACTIVE: &str = "ScalingActive";
     /// Serving, but below the desired capacity or with failing replicas.
     pub const DEGRADED: &str = "Degraded";
+    /// ModelDeployment: runtime containers restarted recently; the message quotes the latest
+    /// termination's reason (from the runtime's termination log).
+    pub const RUNTIME_RESTARTS: &str = "RuntimeRestarts";
     /// ModelDeployment: another deployment behind the same gateway claims one of its served names.
     pub const SERVED_NAME_CONFLICT: &str = "ServedNameConflict";
     /// LoraAdapter: the adapter's bytes matched its digest and it fits the base model.

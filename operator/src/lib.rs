@@ -31,6 +31,7 @@ pub mod labels;
 pub mod leader;
 pub mod lora;
 pub mod pod_metrics;
+pub mod restarts;
 pub mod scope;
 pub mod status;
 pub mod telemetry;

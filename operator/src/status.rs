@@ -2,7 +2,7 @@
 //! pods, the referenced Secret, the autoscaler's verdict) and the previous status.
 //!
 //! Invariants: conditions follow kstatus (`Ready`, `Reconciling`, `Stalled`) plus `DigestVerified`,
-//! `ScalingActive`, `Degraded`, `ServedNameConflict`; a condition's `lastTransitionTime` changes only when its status does, so a
+//! `ScalingActive`, `Degraded`, `RuntimeRestarts`, `ServedNameConflict`; a condition's `lastTransitionTime` changes only when its status does, so a
 //! pass over an unchanged world produces a byte-identical status (no write, no event).
 
 use crate::labels::{DIGEST_ANNOTATION, FETCH_CONTAINER};
@@ -58,6 +58,8 @@ pub struct Observed<'a> {
     pub conflict: Option<String>,
     /// Served names another deployment behind the same gateway claims too (the condition's message).
     pub served_name_conflict: Option<String>,
+    /// When the pass ran (restarts count for a window before it).
+    pub now: Timestamp,
 }
 
 /// The verdict of the fetch init containers of pods made for the current digest.
@@ -269,6 +271,10 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
         obs.scaling.message.clone(),
         g,
     );
+    let restarts_condition = match crate::restarts::recent(obs.pods, obs.now) {
+        Some(r) => condition(RUNTIME_RESTARTS, true, "RecentRestarts", r.message(), g),
+        None => condition(RUNTIME_RESTARTS, false, "NoRecentRestarts", String::new(), g),
+    };
     let conflict_condition = match &obs.served_name_conflict {
         Some(message) => condition(
             SERVED_NAME_CONFLICT,
@@ -286,6 +292,7 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
         digest_condition,
         scaling_condition,
         degraded_condition,
+        restarts_condition,
         conflict_condition,
     ]
 }
@@ -353,6 +360,7 @@ mod tests {
             },
             conflict: None,
             served_name_conflict: None,
+            now: Timestamp::UNIX_EPOCH,
         }
     }
 

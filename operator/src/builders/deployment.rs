@@ -322,6 +322,10 @@ pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorCon
         &format!("{ADAPTERS_DIR}/{}", super::adapters::ADAPTERS_KEY),
         "--adapter-dir",
         ADAPTER_STORE_DIR,
+        // Explicit, as for `fetch`: a fatal reason (a panic, an engine failure) goes there, and
+        // harnesses that rewrite paths in args (the e2e process kubelet) see it too.
+        "--termination-log",
+        "/dev/termination-log",
     ]
     .map(String::from)
     .to_vec();

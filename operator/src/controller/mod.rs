@@ -255,6 +255,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         scaling: scaled.scaling.clone(),
         conflict: conflict.clone(),
         served_name_conflict: served_names::message(&clashes),
+        now,
     };
     let dep_status = deployment
         .as_ref()

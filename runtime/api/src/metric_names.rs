@@ -117,6 +117,9 @@ pub const GATEWAY_REQUESTS: &str = "modelfleet_gateway_requests_total";
 pub const GATEWAY_ROUTE: &str = "modelfleet_gateway_route_total";
 /// Gateway: requests sent again to another pod before their first byte (counter, `model_deployment`).
 pub const GATEWAY_RETRIES: &str = "modelfleet_gateway_retries_total";
+/// Gateway: connections to a pod that broke after the request was sent and before its answer was
+/// complete (counter, `model_deployment`, `verdict` = pod_alive | pod_gone).
+pub const GATEWAY_UPSTREAM_RESETS: &str = "modelfleet_gateway_upstream_resets_total";
 /// Gateway: requests held while a deployment has no Ready pod (gauge, `namespace`,
 /// `model_deployment`); the operator scales from zero on it.
 pub const GATEWAY_PENDING_REQUESTS: &str = "modelfleet_gateway_pending_requests";

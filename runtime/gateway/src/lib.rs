@@ -6,7 +6,8 @@
 //! decide ([`edge::authorize`]); the tenant's fleet-wide quota is taken ([`edge::Quotas`]); [`proxy`]
 //! chooses a pod ([`route`]: consistent hashing with bounded loads over [`ring`], loads from [`load`])
 //! — holding the request in [`pending`] while the deployment has no Ready pod, so the operator can
-//! scale it from zero — sends it, retries before the first byte, and streams the answer back; [`record`]
+//! scale it from zero — sends it, retries what provably did not reach a pod (and, once, a broken
+//! connection to a pod that is still there: [`suspect`]), and streams the answer back; [`record`]
 //! accounts for it once.
 //!
 //! The fleet itself is a snapshot ([`fleet`]) that [`discovery`] rebuilds from watches on
@@ -15,7 +16,8 @@
 //!
 //! Invariants: stateless (every replica with the same pods routes a key to the same pod while loads are
 //! within bounds); the tenant comes from the key, never the body; keys and prompts are never logged;
-//! nothing is retried once a byte reached the client; every buffer is bounded (body, headers, error
+//! nothing is retried once a byte reached the client, nor on another pod once the pod it was sent to
+//! went away while handling it; every buffer is bounded (body, headers, error
 //! bodies, scrapes, the waiting rooms, connections). The design is in docs/design.md ("Gateway") and
 //! docs/gateway.md.
 
@@ -35,3 +37,4 @@ pub mod routes;
 pub mod secrets;
 pub mod serve;
 pub mod state;
+pub mod suspect;

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub route: IntCounterVec,
     /// `modelfleet_gateway_retries_total{model_deployment}`.
     pub retries: IntCounterVec,
+    /// `modelfleet_gateway_upstream_resets_total{model_deployment,verdict}`.
+    pub upstream_resets: IntCounterVec,
     /// `modelfleet_gateway_pending_requests{namespace,model_deployment}`.
     pub pending: IntGaugeVec,
     /// `modelfleet_gateway_upstream_ttft_seconds{model_deployment}`.
@@ -66,6 +68,13 @@ impl Metrics {
                 "Requests sent again to another pod after a failure before their first byte",
                 &["model_deployment"],
             ),
+            upstream_resets: counter(
+                names::GATEWAY_UPSTREAM_RESETS,
+                "Connections to a pod that broke after the request was sent and before its answer was \
+                 complete, by whether the pod was still alive (`pod_alive`: retried once if no byte had \
+                 reached the client) or had gone (`pod_gone`: never retried)",
+                &["model_deployment", "verdict"],
+            ),
             pending: gauge(
                 names::GATEWAY_PENDING_REQUESTS,
                 "Requests held while their deployment has no Ready pod (the operator scales from zero on it)",
@@ -82,7 +91,7 @@ impl Metrics {
             .expect("valid metric"),
             inflight: gauge(names::GATEWAY_INFLIGHT, "Requests in flight per pod", &["pod"]),
         };
-        for c in [&m.requests, &m.route, &m.retries] {
+        for c in [&m.requests, &m.route, &m.retries, &m.upstream_resets] {
             m.registry.register(Box::new(c.clone())).expect("unique");
         }
         for g in [&m.pending, &m.inflight] {

@@ -1,8 +1,13 @@
 //! Forwarding one authorized request: choose a pod, send the body unchanged, and commit to the first
 //! answer worth giving — retrying on another pod, within the request's deadline and at most
-//! `--retries` times, when the failure came before the first byte: connect refused, a reset before the
-//! first body byte, the pod's 503 (draining), its 429 `queue_full`, or its 404 for an adapter it has
-//! not loaded. A tenant-quota 429 and every other answer go to the client as the pod gave them.
+//! `--retries` times, what provably did not reach a pod's handler or was refused by a live pod:
+//! connect refused, the pod's 503 (draining, not ready), its 429 `queue_full`, or its 404 for an
+//! adapter it has not loaded. A connection that breaks after the request was sent (a reset before the
+//! first body byte) is not proof the pod never started it, and it may be the request that killed the
+//! pod: it is retried at most once, and only when the pod is still there ([`crate::suspect`]); a pod
+//! that went away keeps the request (502 `upstream_failed`, logged with the tenant and a hash of the
+//! body), so one poison request takes down at most one replica. A tenant-quota 429 and every other
+//! answer go to the client as the pod gave them.
 //!
 //! Invariants: nothing is retried once a byte reached the client; a stream whose pod fails midway
 //! ends with `data: {"error": …}` and `data: [DONE]` (a JSON answer is cut off, which the client sees
@@ -18,6 +23,7 @@ use crate::record::Record;
 use crate::request::{Routed, affinity_key};
 use crate::route::{choose, ready_deployment};
 use crate::state::Gateway;
+use crate::suspect::{Suspect, pod_gone, report};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -91,7 +97,7 @@ struct Buffered {
 enum Failure {
     /// The pod answered with an error worth retrying (kept to forward if no other pod does better).
     Answer(Buffered, Pod),
-    /// The connection failed.
+    /// The connection could not be made: the request never reached the pod.
     Transport(String),
 }
 
@@ -109,6 +115,7 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
     let key = affinity_key(&scope, job.auth.adapter.as_deref(), &job.routed);
     let mut tried: Vec<String> = Vec::new();
     let mut last: Option<Failure> = None;
+    let mut resets = 0u32;
     for attempt in 0..=gw.settings.retries {
         let d = match ready_deployment(&gw, &id, &model, pending_until).await {
             Ok(d) => d,
@@ -127,19 +134,39 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
         job.record.attempts += 1;
         tried.push(choice.pod.name.clone());
         let inflight = gw.loads.start(&choice.pod.name);
-        let resp = match send(&gw, &job, &choice.pod).await {
-            Ok(resp) => resp,
-            Err(Some(f)) => {
-                remember(&mut last, f);
+        let judged = match send(&gw, &job, &choice.pod).await {
+            Ok(resp) => judge(&gw, &job, &choice.pod, resp).await,
+            Err(Sent::NotReached(why)) => {
+                remember(&mut last, Failure::Transport(why));
                 continue;
             }
-            Err(None) => return fail(&mut job.record, timeout(&model)),
+            Err(Sent::Broken(why)) => Judged::Reset(why),
+            Err(Sent::Deadline) => Judged::Timeout,
         };
-        match judge(&gw, &job, &choice.pod, resp).await {
-            Judged::Stream(resp, first) => return commit(&gw, job, choice.pod, resp, first, inflight),
+        match judged {
+            Judged::Stream(resp, first) => {
+                return commit(gw.clone(), job, choice.pod, resp, first, inflight);
+            }
             Judged::Retry(b) => remember(&mut last, Failure::Answer(b, choice.pod)),
             Judged::Final(b) => return buffered_response(&gw, &mut job.record, b, &choice.pod),
-            Judged::Reset(why) => remember(&mut last, Failure::Transport(why)),
+            Judged::Reset(why) => {
+                drop(inflight);
+                resets += 1;
+                let gone = pod_gone(&gw, &choice.pod).await;
+                gw.metrics
+                    .upstream_resets
+                    .with_label_values(&[id.name.as_str(), if gone { "pod_gone" } else { "pod_alive" }])
+                    .inc();
+                if gone {
+                    gw.loads.eject(&choice.pod.name);
+                    report(&suspect(&job, &choice.pod, "before_first_byte"));
+                    return fail(&mut job.record, went_away(&model, &choice.pod, &why));
+                }
+                if resets > 1 {
+                    return fail(&mut job.record, broken_twice(&model, &why));
+                }
+                remember(&mut last, Failure::Transport(why));
+            }
             Judged::Timeout => return fail(&mut job.record, timeout(&model)),
         }
         if Instant::now() >= job.deadline {
@@ -177,6 +204,45 @@ fn remember(last: &mut Option<Failure>, f: Failure) {
     *last = Some(f);
 }
 
+/// What the client hears when the pod its request was on went away: not retried.
+fn went_away(model: &str, pod: &Pod, why: &str) -> ApiError {
+    ApiError {
+        code: Some("upstream_failed".into()),
+        ..ApiError::new(
+            ApiErrorKind::BadGateway,
+            format!(
+                "the replica of `{model}` handling this request ({}) went away before answering ({why}); \
+                 the request was not sent to another replica, since it may be what made this one fail",
+                pod.name
+            ),
+        )
+    }
+}
+
+fn broken_twice(model: &str, why: &str) -> ApiError {
+    ApiError {
+        code: Some("upstream_failed".into()),
+        ..ApiError::new(
+            ApiErrorKind::BadGateway,
+            format!(
+                "connections to two replicas of `{model}` broke before an answer ({why}); not retried again"
+            ),
+        )
+    }
+}
+
+fn suspect<'a>(job: &'a Job, pod: &'a Pod, phase: &'a str) -> Suspect<'a> {
+    Suspect {
+        namespace: &job.record.namespace,
+        deployment: &job.record.deployment,
+        tenant: &job.auth.tenant.id,
+        pod: &pod.name,
+        path: &job.path,
+        body: &job.body,
+        phase,
+    }
+}
+
 fn timeout(model: &str) -> ApiError {
     ApiError::new(
         ApiErrorKind::Timeout,
@@ -190,8 +256,18 @@ pub fn fail(record: &mut Record, e: ApiError) -> Response {
     e.into_response()
 }
 
-/// Sends the request to `pod` and waits for its response head: `Err(None)` when the deadline passed.
-async fn send(gw: &Gateway, job: &Job, pod: &Pod) -> Result<reqwest::Response, Option<Failure>> {
+/// How sending failed.
+enum Sent {
+    /// No connection: the request never reached the pod.
+    NotReached(String),
+    /// The connection broke after it was made: the pod may have started the request.
+    Broken(String),
+    /// The request's deadline passed.
+    Deadline,
+}
+
+/// Sends the request to `pod` and waits for its response head.
+async fn send(gw: &Gateway, job: &Job, pod: &Pod) -> Result<reqwest::Response, Sent> {
     let url = format!("http://{}:{}{}", pod.ip, gw.settings.pod_port, job.path);
     let request = gw
         .client
@@ -202,16 +278,15 @@ async fn send(gw: &Gateway, job: &Job, pod: &Pod) -> Result<reqwest::Response, O
     match tokio::time::timeout_at(job.deadline, request).await {
         Ok(Ok(resp)) => Ok(resp),
         Ok(Err(e)) => {
+            let why = format!("{}: {}", pod.name, error_chain(&e));
             if e.is_connect() {
                 gw.loads.eject(&pod.name);
+                Err(Sent::NotReached(why))
+            } else {
+                Err(Sent::Broken(why))
             }
-            Err(Some(Failure::Transport(format!(
-                "{}: {}",
-                pod.name,
-                error_chain(&e)
-            ))))
         }
-        Err(_) => Err(None),
+        Err(_) => Err(Sent::Deadline),
     }
 }
 
@@ -326,6 +401,43 @@ fn buffered_response(gw: &Gateway, record: &mut Record, b: Buffered, pod: &Pod) 
         .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
 }
 
+/// Where a streamed answer came from, to report its request if its pod goes away midway.
+struct Origin {
+    tenant: String,
+    path: String,
+    body: Bytes,
+    pod: Pod,
+    gw: Arc<Gateway>,
+}
+
+impl Origin {
+    /// The stream broke: in the background, ask whether the pod went away, and if so log the request
+    /// (nothing is retried: bytes already reached the client).
+    fn check_pod(&self, namespace: &str, deployment: &str) {
+        let (gw, pod) = (self.gw.clone(), self.pod.clone());
+        let (tenant, path, body) = (self.tenant.clone(), self.path.clone(), self.body.clone());
+        let (namespace, deployment) = (namespace.to_string(), deployment.to_string());
+        tokio::spawn(async move {
+            let gone = pod_gone(&gw, &pod).await;
+            gw.metrics
+                .upstream_resets
+                .with_label_values(&[deployment.as_str(), if gone { "pod_gone" } else { "pod_alive" }])
+                .inc();
+            if gone {
+                report(&Suspect {
+                    namespace: &namespace,
+                    deployment: &deployment,
+                    tenant: &tenant,
+                    pod: &pod.name,
+                    path: &path,
+                    body: &body,
+                    phase: "streaming",
+                });
+            }
+        });
+    }
+}
+
 /// What a streamed body carries along until it ends.
 struct Streaming {
     resp: reqwest::Response,
@@ -333,6 +445,7 @@ struct Streaming {
     sse: bool,
     idle: Duration,
     done: bool,
+    origin: Origin,
     record: Record,
     _inflight: InflightGuard,
     _quota: QuotaGuard,
@@ -351,7 +464,7 @@ fn stream_error(why: &str) -> Bytes {
 
 /// Starts the client's response: the pod's status and headers, then its body as it comes.
 fn commit(
-    gw: &Gateway,
+    gw: Arc<Gateway>,
     mut job: Job,
     pod: Pod,
     resp: reqwest::Response,
@@ -365,7 +478,7 @@ fn commit(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let head = response_head(gw, status, resp.headers(), &pod);
+    let head = response_head(&gw, status, resp.headers(), &pod);
     let ok = status.is_success();
     let state = Streaming {
         resp,
@@ -373,6 +486,13 @@ fn commit(
         sse,
         idle: gw.settings.upstream_idle_timeout,
         done: false,
+        origin: Origin {
+            tenant: job.auth.tenant.id.clone(),
+            path: job.path,
+            body: job.body,
+            pod,
+            gw: gw.clone(),
+        },
         record: job.record,
         _inflight: inflight,
         _quota: job.quota,
@@ -399,7 +519,10 @@ fn commit(
             }
             failed => {
                 let why = match failed {
-                    Ok(Err(e)) => error_chain(&e),
+                    Ok(Err(e)) => {
+                        s.origin.check_pod(&s.record.namespace, &s.record.deployment);
+                        error_chain(&e)
+                    }
                     _ => format!("no data for {:?}", s.idle),
                 };
                 s.done = true;

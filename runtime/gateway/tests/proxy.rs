@@ -157,6 +157,69 @@ async fn failures_before_the_first_byte_are_retried_elsewhere() {
 }
 
 #[tokio::test]
+async fn a_broken_connection_is_retried_once_and_only_while_its_pod_lives() {
+    let (pods, port) = pods(3).await;
+    let d = deployment(
+        &pods.iter().map(|p| p.pod()).collect::<Vec<_>>(),
+        Tenancy::Open,
+        &[],
+    );
+    let gw = TestGateway::start(settings(port), Fleet::new(vec![d], true), 8).await;
+    let url = gw.url("/v1/chat/completions");
+    let (_, h, _) = post(&url, &chat("pinned", false), None).await;
+    let home = pod_of(&h);
+    let home_index = pods.iter().position(|p| p.name == home).unwrap();
+    let hits = |pods: &[TestPod]| pods.iter().map(|p| p.hits()).sum::<usize>();
+
+    // The pod dropped the connection but is still there: once more, elsewhere.
+    pods[home_index].set(Mode::Reset);
+    let before = hits(&pods);
+    let (status, h, body) = post(&url, &chat("pinned", false), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_ne!(pod_of(&h), home);
+    assert_eq!(hits(&pods), before + 2);
+    assert!(gw.metrics().contains(
+        "modelfleet_gateway_upstream_resets_total{model_deployment=\"chat\",verdict=\"pod_alive\"} 1"
+    ));
+    // Every live pod dropping it: two attempts, then the client hears why (never a third pod).
+    for p in &pods {
+        p.set(Mode::Reset);
+    }
+    let before = hits(&pods);
+    let (status, _, body) = post(&url, &chat("pinned", false), None).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("upstream_failed"), "{body}");
+    assert_eq!(
+        hits(&pods),
+        before + 2,
+        "at most one retry after a broken connection"
+    );
+
+    // The pod went away while handling it: a poison request may have killed it, so no other pod
+    // gets it; the pod is ejected and the client hears which replica failed.
+    for p in &pods {
+        p.set(Mode::Ok);
+    }
+    pods[home_index].set(Mode::Crash);
+    let before = hits(&pods);
+    let (status, _, body) = post(&url, &chat("pinned", false), None).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body.contains("upstream_failed") && body.contains("went away") && body.contains(&home),
+        "{body}"
+    );
+    assert_eq!(hits(&pods), before + 1, "the request reached one pod only");
+    assert!(gw.gw.loads.ejected(&home));
+    assert!(gw.metrics().contains(
+        "modelfleet_gateway_upstream_resets_total{model_deployment=\"chat\",verdict=\"pod_gone\"} 1"
+    ));
+    // The next request goes to a live pod.
+    let (status, h, _) = post(&url, &chat("pinned", false), None).await;
+    assert_eq!(status, 200);
+    assert_ne!(pod_of(&h), home);
+}
+
+#[tokio::test]
 async fn nothing_is_retried_once_streaming_and_a_dying_stream_ends_with_an_error_event() {
     let (pods, port) = pods(2).await;
     let d = deployment(

@@ -59,6 +59,8 @@ fn minimal_deployment() {
             "/etc/modelfleet/adapters/adapters.json",
             "--adapter-dir",
             "/var/lib/modelfleet/adapters",
+            "--termination-log",
+            "/dev/termination-log",
             "--max-adapter-bytes",
             "2147483648"
         ]

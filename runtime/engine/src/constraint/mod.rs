@@ -20,11 +20,14 @@
 //! sampling, grammar advanced on accepted tokens, rollback for speculation) with llguidance's
 //! `Matcher`, the interface it offers for servers.
 
+mod bounds;
 mod cache;
 mod spec;
 mod state;
 mod vocab;
+pub mod workers;
 
+pub use bounds::{MAX_COMPILE_DEPTH, depth as compile_depth};
 pub use spec::ConstraintSpec;
 pub use state::{GrammarState, TokenMask};
 
@@ -170,7 +173,18 @@ impl Grammars {
         compiled
     }
 
+    /// The compiled grammar for `spec` if the cache holds it (counted as a hit): no compiling, so a
+    /// caller needs no compile thread for it.
+    pub fn lookup(&self, spec: &ConstraintSpec) -> Option<Arc<CompiledGrammar>> {
+        let hit = self.lock().get(&spec.key());
+        if hit.is_some() {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        hit
+    }
+
     fn compile_new(&self, spec: &ConstraintSpec, key: String) -> Result<Arc<CompiledGrammar>> {
+        bounds::check(spec)?;
         let grammar = spec.grammar()?;
         let parser = self
             .factory
@@ -182,10 +196,15 @@ impl Grammars {
             vocab_size: self.vocab_size,
             live: self.live.clone(),
         };
-        // A grammar that admits nothing fails here rather than on the request's first token.
-        g.start()
-            .allows(0)
-            .map_err(|e| EngineError::Constraint(shorten(&e.to_string())))?;
+        // A grammar that admits nothing, or whose lexer gives out on the first mask, fails here rather
+        // than on the request's first token. Two fresh states: the first mask can leave the lexer
+        // that the clones share in its error state (out of fuel) while still answering, and every
+        // later state then fails.
+        for _ in 0..2 {
+            g.start()
+                .allows(0)
+                .map_err(|e| EngineError::Constraint(over_budget(&shorten(&e.to_string()))))?;
+        }
         Ok(Arc::new(g))
     }
 
@@ -217,6 +236,19 @@ impl Grammars {
         let t0 = Instant::now();
         self.compile_new(spec, spec.key())?;
         Ok(t0.elapsed())
+    }
+}
+
+/// Says what an exhausted lexer budget means for the caller.
+fn over_budget(message: &str) -> String {
+    if message.contains("too many expressions") || message.contains("too many states") {
+        format!(
+            "is too expensive to match token by token (its regular expressions expand past the lexer's \
+             budget per token; bounded repetitions such as `{{1000}}` nested in one another are the usual \
+             cause): {message}"
+        )
+    } else {
+        message.to_owned()
     }
 }
 

@@ -87,6 +87,9 @@ pub struct Finished {
     pub timings: Timings,
     /// For [`FinishReason::Error`] and [`FinishReason::Timeout`]: what happened, for the client.
     pub message: Option<String>,
+    /// For [`FinishReason::Error`] from an engine error: its type ([`crate::EngineError::error_type`];
+    /// `constraint` is the request's own structured-output constraint failing, not the engine).
+    pub error_type: Option<&'static str>,
 }
 
 /// What the step loop sends about one request.

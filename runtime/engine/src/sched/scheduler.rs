@@ -448,7 +448,7 @@ impl Scheduler {
                         self.finish(s.id, reason, String::new(), None);
                     }
                 }
-                Err(err) => self.finish(s.id, FinishReason::Error, String::new(), Some(err.to_string())),
+                Err(err) => self.finish_failed(s.id, &err),
             }
         }
     }
@@ -460,8 +460,30 @@ impl Scheduler {
         }
     }
 
+    /// Ends `id` with `err` (its message and type go to the client).
+    pub(super) fn finish_failed(&mut self, id: RequestId, err: &crate::EngineError) {
+        self.finish_as(
+            id,
+            FinishReason::Error,
+            String::new(),
+            Some(err.to_string()),
+            Some(err.error_type()),
+        );
+    }
+
     /// Removes `id` everywhere, frees its blocks, releases its admission counts and sends `Finished`.
     fn finish(&mut self, id: RequestId, reason: FinishReason, text: String, message: Option<String>) {
+        self.finish_as(id, reason, text, message, None);
+    }
+
+    fn finish_as(
+        &mut self,
+        id: RequestId,
+        reason: FinishReason,
+        text: String,
+        message: Option<String>,
+        error_type: Option<&'static str>,
+    ) {
         let Some(e) = self.entries.remove(&id) else {
             return;
         };
@@ -492,6 +514,7 @@ impl Scheduler {
             },
             timings,
             message,
+            error_type,
         };
         // Its sampling state (a grammar state included) goes before anyone hears it ended.
         drop(e.seq);

@@ -37,6 +37,11 @@ pub enum Mode {
     /// A fixed OpenAI chat completion ([`COMPLETION`]), or [`COMPLETION_CHUNKS`] as SSE if the body
     /// asks `"stream": true`: the trivial upstream of the overhead benchmark.
     Completion,
+    /// The connection is dropped without an answer (the handler panics); the pod stays up.
+    Reset,
+    /// As a poison request would: the connection is dropped without an answer and the pod goes away
+    /// (its `/health` fails from then on, as a dead process's would).
+    Crash,
 }
 
 /// The answer of [`Mode::Completion`].
@@ -63,6 +68,8 @@ pub struct TestPod {
     pub dropped: Arc<AtomicUsize>,
     pub last_auth: Arc<Mutex<Option<String>>>,
     pub last_body: Arc<Mutex<Vec<u8>>>,
+    /// Set when the pod "died" ([`Mode::Crash`]).
+    pub gone: Arc<std::sync::atomic::AtomicBool>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -172,6 +179,11 @@ async fn answer(
                 .body(Body::from_stream(s))
                 .unwrap()
         }
+        Mode::Reset => panic!("test pod {name} drops the connection"),
+        Mode::Crash => {
+            pod.gone.store(true, Ordering::SeqCst);
+            panic!("test pod {name} dies of this request")
+        }
         Mode::Slow => {
             let mut guard = DropCount(pod.dropped.clone(), false);
             tokio::time::sleep(Duration::from_secs(10)).await;
@@ -181,7 +193,16 @@ async fn answer(
     }
 }
 
+async fn health(axum::extract::State(pod): axum::extract::State<Arc<TestPodState>>) -> StatusCode {
+    if pod.gone.load(Ordering::SeqCst) {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
 struct TestPodState {
+    gone: Arc<std::sync::atomic::AtomicBool>,
     name: String,
     mode: Arc<Mutex<Mode>>,
     hits: Arc<AtomicUsize>,
@@ -210,6 +231,7 @@ pub async fn pods(n: usize) -> (Vec<TestPod>, u16) {
         let mut out = Vec::new();
         for (i, l) in listeners.into_iter().enumerate() {
             let state = Arc::new(TestPodState {
+                gone: Arc::default(),
                 name: format!("fleet-pod-{i}"),
                 mode: Arc::new(Mutex::new(Mode::Ok)),
                 hits: Arc::default(),
@@ -220,6 +242,7 @@ pub async fn pods(n: usize) -> (Vec<TestPod>, u16) {
             let app = axum::Router::new()
                 .route("/v1/chat/completions", axum::routing::post(answer))
                 .route("/v1/completions", axum::routing::post(answer))
+                .route("/health", axum::routing::get(health))
                 .with_state(state.clone());
             let task = tokio::spawn(async move {
                 let _ = axum::serve(l, app).await;
@@ -232,6 +255,7 @@ pub async fn pods(n: usize) -> (Vec<TestPod>, u16) {
                 dropped: state.dropped.clone(),
                 last_auth: state.last_auth.clone(),
                 last_body: state.last_body.clone(),
+                gone: state.gone.clone(),
                 task: Some(task),
             });
         }

@@ -41,6 +41,7 @@ pub fn router(st: Arc<AppState>, token: Option<String>) -> Router {
         .route("/v1/adapters", get(list).post(load))
         .route("/v1/adapters/{name}", delete(unload))
         .route("/v1/faults/engine-panic", post(inject_panic))
+        .route("/v1/faults/abort-on", post(arm_abort))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(admin.clone())
         // Prometheus text, without a token: this port is for the operator, Prometheus and the gateway,
@@ -95,6 +96,42 @@ async fn inject_panic(State(a): State<Arc<Admin>>, headers: HeaderMap) -> Respon
     }
     a.st.engine.inject_panic();
     (StatusCode::ACCEPTED, "the engine will panic at its next step").into_response()
+}
+
+/// `POST /v1/faults/abort-on {"marker": "…"}`: the process aborts (SIGABRT, as a stack overflow would)
+/// on the next request whose body contains the marker, before validating it. 404 unless the server
+/// runs with `--enable-fault-injection`.
+async fn arm_abort(State(a): State<Arc<Admin>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = check(&a, &headers) {
+        return e.into_response();
+    }
+    if !a.st.fault_injection {
+        return ApiError::new(
+            ApiErrorKind::NotFound,
+            "fault injection is off (--enable-fault-injection)",
+        )
+        .into_response();
+    }
+    let marker = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["marker"].as_str().map(str::to_owned))
+        .filter(|m| !m.is_empty() && m.len() <= super::faults::MAX_MARKER_BYTES);
+    let Some(marker) = marker else {
+        return ApiError::invalid(
+            "marker",
+            format!(
+                "`marker` must be a string of 1 to {} bytes",
+                super::faults::MAX_MARKER_BYTES
+            ),
+        )
+        .into_response();
+    };
+    a.st.faults.arm_abort(&marker);
+    (
+        StatusCode::ACCEPTED,
+        "the process will abort on the next request carrying the marker",
+    )
+        .into_response()
 }
 
 fn parse_spec(body: &[u8]) -> Result<AdapterSpec, ApiError> {

@@ -216,6 +216,12 @@ pub fn early_failure(st: &AppState, f: &Finished) -> Option<ApiError> {
         FinishReason::Error if st.engine.failure().is_some() => {
             Some(ApiError::new(ApiErrorKind::Unavailable, message))
         }
+        // The request's own constraint gave out (its lexer or parser over a per-token limit): the
+        // caller's to change, as at validation.
+        FinishReason::Error if f.error_type == Some("constraint") => Some(ApiError {
+            code: Some("constraint_failed".into()),
+            ..ApiError::new(ApiErrorKind::InvalidRequest, message)
+        }),
         FinishReason::Error => Some(ApiError::new(ApiErrorKind::Internal, message)),
         FinishReason::Cancelled => Some(ApiError::new(ApiErrorKind::Unavailable, message)),
         FinishReason::Stop | FinishReason::Length => None,

@@ -8,6 +8,7 @@
 
 mod admin;
 mod body;
+mod faults;
 mod generate;
 pub mod memory;
 mod openai;
@@ -256,6 +257,7 @@ pub struct ServeArgs {
 /// Runs the server until SIGTERM; start-up failures exit non-zero with a termination message.
 pub fn run(args: ServeArgs) -> ExitCode {
     crate::logging::init();
+    record_fatal_panics(args.termination_log.clone());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -276,6 +278,35 @@ pub fn run(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes a panic's message to the termination log (`kubectl describe pod` shows it as the last
+/// termination's message, and the operator's `RuntimeRestarts` condition quotes it), after the default
+/// report on stderr. Panics that are caught and survived — a compile thread's — are not recorded, so
+/// the log names what ended the process.
+fn record_fatal_panics(termination_log: Option<PathBuf>) {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        if modelfleet_engine::constraint::workers::panics_are_caught_here() {
+            return;
+        }
+        let payload = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        let thread = std::thread::current();
+        let line = format!(
+            "panic in thread {}: {payload}{}",
+            thread.name().unwrap_or("unnamed"),
+            info.location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default()
+        );
+        crate::fetch_cmd::write_termination_log(termination_log.as_deref(), &line);
+    }));
 }
 
 fn served_name(args: &ServeArgs) -> String {
@@ -530,6 +561,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ),
         scope: args.prefix_cache_scope,
         fault_injection: args.enable_fault_injection,
+        faults: Default::default(),
+        termination_log: args.termination_log.clone(),
         draining: Default::default(),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

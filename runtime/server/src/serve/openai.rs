@@ -122,7 +122,9 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: Body) -> Result<
     // The key is checked from the headers before a byte of the body is read.
     let tenant = st.authenticate(&headers)?;
     st.check_open(&tenant)?;
-    let req = prompt::parse(&st, body::read(raw, st.body).await?, wire::parse_chat).await?;
+    let bytes = body::read(raw, st.body).await?;
+    st.faults.check(&bytes, st.termination_log.as_deref());
+    let req = prompt::parse(&st, bytes, wire::parse_chat).await?;
     let choice = st.check_model(&req.model, &tenant)?;
     check_fanout(1, req.sampling.n, &st.limits)?;
     let plan = tool_plan(
@@ -153,7 +155,9 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: Body) -> Result<
         md.config.vocab_size,
         &st.limits,
     )?;
-    base.constraint = structured::for_request(&st, requested, tools::grammar::lark(&plan)).await?;
+    let tools_grammar = tools::grammar::lark(&plan);
+    let constraint_field = structured::field_of(requested.as_ref(), tools_grammar.is_some());
+    base.constraint = structured::for_request(&st, requested, tools_grammar).await?;
     let specs = choice_specs(&st, vec![prompt], base, n)?;
     job.adapter = generate::acquire_adapter(&st, &choice, &job).await?;
     let running = generate::submit(&st, &job, specs)?;
@@ -178,9 +182,12 @@ async fn chat_inner(st: Arc<AppState>, headers: HeaderMap, raw: Body) -> Result<
             },
             include_usage,
         )
-        .await;
+        .await
+        .map_err(|e| structured::name_field(e, constraint_field.as_deref()));
     }
-    let done = generate::collect(&st, &job.tenant.id, running).await?;
+    let done = generate::collect(&st, &job.tenant.id, running)
+        .await
+        .map_err(|e| structured::name_field(e, constraint_field.as_deref()))?;
     let choices = done
         .keys
         .iter()
@@ -264,7 +271,9 @@ async fn completions_inner(st: Arc<AppState>, headers: HeaderMap, raw: Body) -> 
     // The key is checked from the headers before a byte of the body is read.
     let tenant = st.authenticate(&headers)?;
     st.check_open(&tenant)?;
-    let mut req = prompt::parse(&st, body::read(raw, st.body).await?, wire::parse_completion).await?;
+    let bytes = body::read(raw, st.body).await?;
+    st.faults.check(&bytes, st.termination_log.as_deref());
+    let mut req = prompt::parse(&st, bytes, wire::parse_completion).await?;
     let choice = st.check_model(&req.model, &tenant)?;
     // Counts first: nothing is tokenized for a request that fans out too far.
     let count = prompt::count(&req.prompt);
@@ -294,6 +303,7 @@ async fn completions_inner(st: Arc<AppState>, headers: HeaderMap, raw: Body) -> 
         &st.limits,
     )?;
     let requested = req.sampling.constraint_fields().resolve()?;
+    let constraint_field = structured::field_of(requested.as_ref(), false);
     base.constraint = structured::for_request(&st, requested, None).await?;
     let echo: Vec<String> = if req.echo.unwrap_or(false) {
         prompts
@@ -320,9 +330,13 @@ async fn completions_inner(st: Arc<AppState>, headers: HeaderMap, raw: Body) -> 
             echo: running.iter().map(|r| echo[r.prompt_index].clone()).collect(),
         };
         let who = (job.tenant.id.clone(), job.model.clone());
-        return stream_response(st, who, running, flavor, include_usage).await;
+        return stream_response(st, who, running, flavor, include_usage)
+            .await
+            .map_err(|e| structured::name_field(e, constraint_field.as_deref()));
     }
-    let done = generate::collect(&st, &job.tenant.id, running).await?;
+    let done = generate::collect(&st, &job.tenant.id, running)
+        .await
+        .map_err(|e| structured::name_field(e, constraint_field.as_deref()))?;
     let choices = done
         .keys
         .iter()

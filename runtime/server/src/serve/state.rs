@@ -45,8 +45,12 @@ pub struct AppState {
     pub adapters_ready: AtomicBool,
     /// Structured output: the model's grammar compiler and cache, or why it has none.
     pub grammars: super::structured::GrammarSupport,
-    /// `--enable-fault-injection`: the admin API may make the engine panic (tests, chaos drills).
+    /// `--enable-fault-injection`: the admin API may inject faults (tests, chaos drills).
     pub fault_injection: bool,
+    /// The faults armed through the admin API.
+    pub faults: super::faults::Faults,
+    /// `--termination-log` (where a fatal reason goes; `None`: the default path if it exists).
+    pub termination_log: Option<std::path::PathBuf>,
     /// How much body a request may send, and how fast.
     pub body: BodyLimits,
     /// Most sequences one tenant may have waiting (its share of the global queue).

@@ -1,24 +1,44 @@
 //! A request's structured-output constraint, compiled before anything is queued: the one constraint of
 //! `response_format` / `structured_outputs` / `guided_*`, or the grammar of its tools, turned into the
-//! engine's [`ConstraintSpec`] and compiled (or taken from the per-pod cache) on a blocking thread.
+//! engine's [`ConstraintSpec`] and compiled (or taken from the per-pod cache) on one of the compile
+//! threads, whose stack is sized for the engine's depth limit.
 //!
-//! Invariants: an invalid schema, regex or grammar, an unsupported keyword, or one over a limit is a
-//! 400 naming the field it came in, before the request is queued; the compiled grammar goes into the
-//! request's sampling parameters, shared by its `n` choices (each starts its own state).
+//! Invariants: an invalid schema, regex or grammar, an unsupported keyword, one nested past the depth
+//! limit, or one that does not compile within [`COMPILE_BUDGET`] is a 400 naming the field it came in,
+//! before the request is queued; when every compile thread is busy and their queue full the request
+//! is refused at once (429 `compile_queue_full`), never absorbed; compiling never runs on an async
+//! worker; the compiled grammar goes into the request's sampling parameters, shared by its `n`
+//! choices (each starts its own state).
 
 use super::state::AppState;
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::structured::{Requested, RequestedConstraint, clash};
+use modelfleet_engine::constraint::workers::{CompileThreads, Submit};
 use modelfleet_engine::constraint::{CompiledGrammar, ConstraintSpec, GrammarLimits, Grammars};
 use modelfleet_engine::{EngineError, ModelDir};
 use std::sync::Arc;
+use std::time::Duration;
 
-/// Structured output on this server: the model's grammar compiler, or why there is none.
-pub type GrammarSupport = Result<Arc<Grammars>, String>;
+/// How long a request waits for its constraint to compile (docs/api.md, "Structured output limits").
+pub const COMPILE_BUDGET: Duration = Duration::from_millis(1500);
+/// Compile threads per pod: compiling is CPU work beside the engine's, and cache hits need none.
+const COMPILE_THREADS: usize = 2;
+/// Constraints waiting for a compile thread before new ones are refused.
+const COMPILE_QUEUE: usize = 16;
+
+/// The model's grammar cache and the threads that compile into it.
+pub struct Compiler {
+    /// The trie, llguidance's factory and the cache of compiled grammars.
+    pub grammars: Arc<Grammars>,
+    threads: CompileThreads,
+}
+
+/// Structured output on this server: the compiler, or why there is none.
+pub type GrammarSupport = Result<Arc<Compiler>, String>;
 
 /// Sets up structured output for the served model (the token trie and llguidance's factory, built once
-/// off the async workers); a tokenizer it cannot describe leaves the reason, which constrained
-/// requests then get as their 400.
+/// off the async workers, and the compile threads); a tokenizer it cannot describe leaves the reason,
+/// which constrained requests then get as their 400.
 pub async fn grammars(md: &Arc<ModelDir>) -> GrammarSupport {
     let md = md.clone();
     let t0 = std::time::Instant::now();
@@ -31,20 +51,24 @@ pub async fn grammars(md: &Arc<ModelDir>) -> GrammarSupport {
         )
     })
     .await;
-    match built {
-        Ok(Ok(g)) => {
-            eprintln!(
-                "serve: structured output ready ({} ms to index the vocabulary)",
-                t0.elapsed().as_millis()
-            );
-            Ok(Arc::new(g))
-        }
+    let grammars = match built {
+        Ok(Ok(g)) => g,
         Ok(Err(e)) => {
-            eprintln!("serve: structured output unavailable: {e}");
-            Err(e.to_string())
+            tracing::warn!("structured output unavailable: {e}");
+            return Err(e.to_string());
         }
-        Err(e) => Err(format!("structured output could not be set up: {e}")),
-    }
+        Err(e) => return Err(format!("structured output could not be set up: {e}")),
+    };
+    let threads = CompileThreads::start(COMPILE_THREADS, COMPILE_QUEUE)
+        .map_err(|e| format!("structured output could not start its compile threads: {e}"))?;
+    tracing::info!(
+        index_ms = t0.elapsed().as_millis() as u64,
+        "structured output ready"
+    );
+    Ok(Arc::new(Compiler {
+        grammars: Arc::new(grammars),
+        threads,
+    }))
 }
 
 /// The constraint to compile: the request's own, or its tools' grammar (never both).
@@ -72,22 +96,87 @@ fn spec(what: Requested) -> ConstraintSpec {
     }
 }
 
-/// Compiles `c` (or takes it from the cache) off the async workers; errors are 400s naming its field.
+/// Compiles `c` (or takes it from the cache) on a compile thread; errors are 400s naming its field.
 pub async fn compile(st: &AppState, c: RequestedConstraint) -> Result<Arc<CompiledGrammar>, ApiError> {
     let field = c.field;
-    let grammars = st
+    let compiler = st
         .grammars
         .as_ref()
         .map_err(|why| ApiError::invalid(&field, format!("`{field}`: {why}")))?
         .clone();
     let spec = spec(c.what);
-    let compiled = tokio::task::spawn_blocking(move || grammars.compile(&spec))
-        .await
-        .map_err(|e| ApiError::new(ApiErrorKind::Internal, format!("compiling `{field}` failed: {e}")))?;
-    compiled.map_err(|e| match e {
-        EngineError::Constraint(m) => ApiError::invalid(&field, format!("`{field}`: {m}")),
-        other => ApiError::invalid(&field, format!("`{field}`: {other}")),
-    })
+    if let Some(hit) = compiler.grammars.lookup(&spec) {
+        return Ok(hit);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let grammars = compiler.grammars.clone();
+    let ticket = compiler
+        .threads
+        .submit(move || {
+            let _ = tx.send(grammars.compile(&spec));
+        })
+        .map_err(|e| match e {
+            Submit::Busy => ApiError {
+                code: Some("compile_queue_full".into()),
+                ..ApiError::new(
+                    ApiErrorKind::RateLimited { retry_after_secs: 1 },
+                    format!(
+                        "every structured-output compile thread is busy and {COMPILE_QUEUE} constraints \
+                         are waiting; retry shortly"
+                    ),
+                )
+            },
+            Submit::Closed => ApiError::new(ApiErrorKind::Internal, "the compile threads are gone"),
+        })?;
+    match tokio::time::timeout(COMPILE_BUDGET, rx).await {
+        Ok(Ok(compiled)) => compiled.map_err(|e| match e {
+            EngineError::Constraint(m) => ApiError::invalid(&field, format!("`{field}`: {m}")),
+            other => ApiError::invalid(&field, format!("`{field}`: {other}")),
+        }),
+        // The job ended without an answer: the compiler panicked on this input (and was caught).
+        Ok(Err(_)) => Err(ApiError::invalid(
+            &field,
+            format!("`{field}`: the grammar compiler failed on this constraint"),
+        )),
+        Err(_) => {
+            ticket.abandon();
+            if ticket.started() {
+                Err(ApiError::invalid(
+                    &field,
+                    format!(
+                        "`{field}`: did not compile within {} s; simplify it (docs/api.md, structured output \
+                         limits)",
+                        COMPILE_BUDGET.as_secs_f64()
+                    ),
+                ))
+            } else {
+                Err(ApiError {
+                    code: Some("compile_queue_full".into()),
+                    ..ApiError::new(
+                        ApiErrorKind::RateLimited { retry_after_secs: 1 },
+                        "the structured-output compile threads were busy for the whole compile budget",
+                    )
+                })
+            }
+        }
+    }
+}
+
+/// The request field its constraint came in (`tools` for the tools' grammar), for errors found later.
+pub fn field_of(requested: Option<&RequestedConstraint>, tools: bool) -> Option<String> {
+    requested
+        .map(|r| r.field.clone())
+        .or_else(|| tools.then(|| "tools".to_string()))
+}
+
+/// A constraint that gave out while decoding (`constraint_failed`) names the field it came in, as a
+/// refusal at validation does.
+pub fn name_field(mut e: ApiError, field: Option<&str>) -> ApiError {
+    if let (Some(field), Some("constraint_failed"), None) = (field, e.code.as_deref(), &e.param) {
+        e.message = format!("`{field}`: {}", e.message);
+        e.param = Some(field.to_string());
+    }
+    e
 }
 
 /// The compiled grammar for a request, if it asks for one.

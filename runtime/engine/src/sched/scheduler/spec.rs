@@ -269,7 +269,7 @@ impl Scheduler {
         let verified = match e.seq.verify(tok, rows, logits.vocab_size, &drafts, cfg.rule) {
             Ok(v) => v,
             Err(err) => {
-                self.finish(s.id, FinishReason::Error, String::new(), Some(err.to_string()));
+                self.finish_failed(s.id, &err);
                 return;
             }
         };
