@@ -602,12 +602,23 @@ async fn pod_killed_under_load(served: &str, ns: &str, pods: &Api<Pod>) {
         "a stream was in flight on the killed pod (else nothing was tested)"
     );
     eprintln!(
-        "SIGKILL of {victim_name} under load: {ok} answered, {} failed; {ended_with_error}/{on_victim} streams on it \
-         ended with an error event ({in_flight} in flight at the kill); gateway retries {retries_at_2s} at +2 s, {retries_later} at {:?}",
+        "SIGKILL of {victim_name} under load: {ok} answered, {} failed (lost with the pod, not retried); \
+         {ended_with_error}/{on_victim} streams on it ended with an error event ({in_flight} in flight at the kill); \
+         gateway retries {retries_at_2s} at +2 s, {retries_later} at {:?}",
         failures.len(),
         killed.elapsed()
     );
-    assert!(failures.is_empty(), "no request failed: {failures:?}");
+    // A request on the killed pod before its first byte is not retried: its broken connection looks
+    // exactly like a poison request's (docs/gateway.md). It gets a 502 naming the pod; every other
+    // request succeeded.
+    let (lost_with_victim, other): (Vec<_>, Vec<_>) = failures
+        .iter()
+        .partition(|f| f.starts_with("502") && f.contains("went away") && f.contains(victim_name.as_str()));
+    assert!(other.is_empty(), "no other request failed: {other:?}");
+    assert!(
+        lost_with_victim.len() <= 8,
+        "at most the 8 clients' requests in flight on the killed pod: {lost_with_victim:?}"
+    );
     assert_eq!(
         retries_at_2s, retries_later,
         "no request was sent to the killed pod later than 2 s after the kill"

@@ -5,7 +5,7 @@
 //! constraint that gave out while decoding — never a 5xx, a dropped connection or a dead process —
 //! within its budget (the server's 1.5 s compile budget plus a short generation).
 //!
-//! `MODELFLEET_FUZZ_SECONDS` sets the run's length (60 in `make test`); `MODELFLEET_FUZZ_SEED` its first
+//! `MODELFLEET_FUZZ_SECONDS` sets the run's length (60 in `make test`, 20 in a plain `cargo test`); `MODELFLEET_FUZZ_SEED` its first
 //! seed (default: from the clock, printed). A longer run (docs/api.md):
 //! `MODELFLEET_FUZZ_SECONDS=1800 cargo test --release -p modelfleet-runtime --test constraint_fuzz -- --nocapture`.
 //! Inputs that once failed live in tests/data/poison/ and are replayed first; a failing input is
