@@ -11,7 +11,7 @@ CARGO ?= cargo
 # `make fuzz FUZZ_SECONDS=1800` is the long run.
 FUZZ_SECONDS ?= 60
 
-.PHONY: setup build up down test lint unit e2e crds clean-cluster fuzz
+.PHONY: setup build up down test lint unit e2e crds clean-cluster fuzz dist images push images-check
 
 setup:
 	bash e2e/scripts/setup.sh
@@ -36,6 +36,20 @@ lint:
 unit:
 	MODELFLEET_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --workspace
 
+# Release artifacts (docs/install.md): the release binaries, the three images (buildah, no daemon), and
+# `make images push REGISTRY=…` to push them by digest and print the chart values that pin them.
+dist:
+	bash images/build.sh dist
+
+images:
+	bash images/build.sh images
+
+push:
+	bash images/build.sh push
+
+images-check: images
+	bash images/check.sh
+
 fuzz:
 	MODELFLEET_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --release -p modelfleet-runtime \
 		--test constraint_fuzz -- --nocapture
@@ -43,4 +57,4 @@ fuzz:
 e2e: build
 	bash e2e/scripts/run-e2e.sh
 
-test: setup lint unit e2e
+test: setup lint unit images-check e2e

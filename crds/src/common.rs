@@ -33,6 +33,9 @@ pub mod condition_types {
     /// ModelDeployment: runtime containers restarted recently; the message quotes the latest
     /// termination's reason (from the runtime's termination log).
     pub const RUNTIME_RESTARTS: &str = "RuntimeRestarts";
+    /// ModelDeployment: `runtime.resources` reserves GPUs (`*/gpu`), which this release's CPU engine
+    /// does not use.
+    pub const GPU_UNUSED: &str = "GPUUnused";
     /// ModelDeployment: another deployment behind the same gateway claims one of its served names.
     pub const SERVED_NAME_CONFLICT: &str = "ServedNameConflict";
     /// LoraAdapter: the adapter's bytes matched its digest and it fits the base model.

@@ -110,7 +110,9 @@ pub struct RuntimeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
     pub image: Option<String>,
-    /// CPU, memory and accelerator (`nvidia.com/gpu`) requests and limits of the runtime container.
+    /// CPU and memory requests and limits of the runtime container. The engine runs on CPU only in
+    /// this release: an accelerator named here (`nvidia.com/gpu`) is reserved on the node and unused,
+    /// and the `GPUUnused` condition says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Compute threads per pod (several pods may share a node). Defaults to the CPU limit, else all cores.

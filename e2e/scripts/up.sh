@@ -11,7 +11,7 @@ e2e/cluster up
 eval "$(e2e/cluster env)"
 kubectl apply --server-side -f crds/ >/dev/null
 helm upgrade --install modelfleet charts/modelfleet --namespace modelfleet-system --create-namespace \
-  --set image.tag=dev --set runtimeImage=modelfleet/runtime:dev \
+  --set "image.registry=$MF_REGISTRY" --set image.tag=dev --set runtime.image.tag=dev \
   --set "modelCache.hostPath=$MF_CLUSTER_DIR/model-cache" \
   --set "runtime.adapterFileRoots[0]=$MF_CLUSTER_DIR/artifacts" \
   --set gateway.image.tag=dev --set gateway.hostNetwork=true --set gateway.replicas=1 \

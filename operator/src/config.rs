@@ -88,6 +88,10 @@ pub enum ServedNameScope {
 pub struct OperatorConfig {
     /// Image of `modelfleet-runtime` when a ModelDeployment does not name one.
     pub runtime_image: String,
+    /// `imagePullPolicy` of runtime containers; `None`: Kubernetes' default.
+    pub runtime_image_pull_policy: Option<String>,
+    /// Secrets runtime pods pull their image with (`imagePullSecrets`, in the pod's namespace).
+    pub image_pull_secrets: Vec<String>,
     /// The shared model cache of runtime pods.
     pub model_cache: ModelCache,
     /// Namespaces whose pods mount `model_cache`; the others fetch into their own volume only (a
@@ -116,7 +120,9 @@ pub struct OperatorConfig {
 impl Default for OperatorConfig {
     fn default() -> Self {
         OperatorConfig {
-            runtime_image: "modelfleet/runtime:latest".into(),
+            runtime_image: "registry.example/modelfleet/runtime:0.1.0".into(),
+            runtime_image_pull_policy: None,
+            image_pull_secrets: Vec::new(),
             model_cache: ModelCache::HostPath("/var/lib/modelfleet/cache".into()),
             model_cache_namespaces: CacheNamespaces::None,
             model_volume_size_limit: None,

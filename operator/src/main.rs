@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 
 /// Kubernetes operator for LLM model fleets.
 #[derive(Parser, Debug)]
-#[command(name = "modelfleet-operator", version, about, long_about = None)]
+#[command(name = "modelfleet-operator", version = modelfleet_api::version::long(), about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,13 +38,16 @@ enum Command {
 /// Flags of `run`; each can also come from `MODELFLEET_<FLAG_IN_CAPS>`.
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Image of modelfleet-runtime for ModelDeployments that do not name one.
-    #[arg(
-        long,
-        env = "MODELFLEET_RUNTIME_IMAGE",
-        default_value = "modelfleet/runtime:latest"
-    )]
+    /// Image of modelfleet-runtime for ModelDeployments that do not name one (the chart passes the
+    /// image it was given, by digest when pinned). Required: there is no public default.
+    #[arg(long, env = "MODELFLEET_RUNTIME_IMAGE")]
     runtime_image: String,
+    /// `imagePullPolicy` of runtime pods' containers (Always, IfNotPresent, Never); default: Kubernetes'.
+    #[arg(long, env = "MODELFLEET_RUNTIME_IMAGE_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
+    runtime_image_pull_policy: Option<String>,
+    /// Secrets (in each ModelDeployment's namespace) that runtime pods pull their image with.
+    #[arg(long, env = "MODELFLEET_IMAGE_PULL_SECRETS", value_delimiter = ',')]
+    image_pull_secrets: Vec<String>,
     /// Host directory for the digest-keyed model cache of runtime pods.
     #[arg(
         long,
@@ -168,6 +171,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let scope = Scope::parse(&args.namespaces);
     let cfg = OperatorConfig {
         runtime_image: args.runtime_image,
+        runtime_image_pull_policy: args.runtime_image_pull_policy,
+        image_pull_secrets: args
+            .image_pull_secrets
+            .into_iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
         model_cache: if args.no_model_cache {
             ModelCache::None
         } else if let Some(pvc) = args.model_cache_pvc {

@@ -60,6 +60,28 @@ pub struct Observed<'a> {
     pub served_name_conflict: Option<String>,
     /// When the pass ran (restarts count for a window before it).
     pub now: Timestamp,
+    /// GPUs `runtime.resources` reserves (`name: quantity`, e.g. `nvidia.com/gpu: 1`), if any.
+    pub gpus_reserved: Option<String>,
+}
+
+/// The GPU resources (`*/gpu`) a runtime's requests or limits name, as `name: quantity`, or `None`.
+pub fn gpus_reserved(resources: Option<&k8s_openapi::api::core::v1::ResourceRequirements>) -> Option<String> {
+    let r = resources?;
+    let mut named: std::collections::BTreeMap<&str, &str> = Default::default();
+    for map in [r.limits.as_ref(), r.requests.as_ref()].into_iter().flatten() {
+        for (k, v) in map {
+            if k.ends_with("/gpu") && v.0.trim() != "0" {
+                named.entry(k.as_str()).or_insert(v.0.as_str());
+            }
+        }
+    }
+    (!named.is_empty()).then(|| {
+        named
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
 }
 
 /// The verdict of the fetch init containers of pods made for the current digest.
@@ -275,6 +297,19 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
         Some(r) => condition(RUNTIME_RESTARTS, true, "RecentRestarts", r.message(), g),
         None => condition(RUNTIME_RESTARTS, false, "NoRecentRestarts", String::new(), g),
     };
+    let gpu_condition = match &obs.gpus_reserved {
+        Some(gpus) => condition(
+            GPU_UNUSED,
+            true,
+            "CPUEngine",
+            format!(
+                "runtime.resources reserves {gpus}, but the engine runs on CPU only in this release: the GPU \
+                 is reserved on the node and unused (docs/install.md)"
+            ),
+            g,
+        ),
+        None => condition(GPU_UNUSED, false, "NoGPUReserved", String::new(), g),
+    };
     let conflict_condition = match &obs.served_name_conflict {
         Some(message) => condition(
             SERVED_NAME_CONFLICT,
@@ -293,6 +328,7 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
         scaling_condition,
         degraded_condition,
         restarts_condition,
+        gpu_condition,
         conflict_condition,
     ]
 }
@@ -361,7 +397,41 @@ mod tests {
             conflict: None,
             served_name_conflict: None,
             now: Timestamp::UNIX_EPOCH,
+            gpus_reserved: None,
         }
+    }
+
+    #[test]
+    fn reserved_gpus_are_named_in_a_warning_condition() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let r = |pairs: &[(&str, &str)]| k8s_openapi::api::core::v1::ResourceRequirements {
+            limits: Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        assert_eq!(gpus_reserved(None), None);
+        assert_eq!(gpus_reserved(Some(&r(&[("cpu", "2"), ("memory", "4Gi")]))), None);
+        assert_eq!(gpus_reserved(Some(&r(&[("nvidia.com/gpu", "0")]))), None);
+        let named = gpus_reserved(Some(&r(&[("cpu", "2"), ("nvidia.com/gpu", "1")])));
+        assert_eq!(named.as_deref(), Some("nvidia.com/gpu: 1"));
+        let mut o = obs(None, &[], 1);
+        o.gpus_reserved = named;
+        let cs = conditions(&o);
+        assert_eq!(get(&cs, GPU_UNUSED), ("True", "CPUEngine"));
+        let c = cs.iter().find(|c| c.type_ == GPU_UNUSED).unwrap();
+        assert!(
+            c.message.contains("nvidia.com/gpu: 1") && c.message.contains("CPU only"),
+            "{}",
+            c.message
+        );
+        assert_eq!(
+            get(&conditions(&obs(None, &[], 1)), GPU_UNUSED),
+            ("False", "NoGPUReserved")
+        );
     }
 
     fn get<'a>(cs: &'a [Condition], t: &str) -> (&'a str, &'a str) {

@@ -39,3 +39,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/name: modelfleet-gateway
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{- /*
+An image reference: image.registry + the image's repository, @digest when one is given, else :tag (the
+chart's appVersion by default). Called with (list $ <image values>). No public default exists: without
+image.registry the install fails and says what to do.
+*/ -}}
+{{- define "modelfleet.image" -}}
+{{- $root := index . 0 -}}
+{{- $img := index . 1 -}}
+{{- $registry := required "image.registry is required: this chart's images are not on a public registry. Build and push them with `make images push REGISTRY=<your registry>` and pass the values it prints (helm install ... -f dist/helm-values.yaml); see docs/install.md" $root.Values.image.registry | trimSuffix "/" -}}
+{{- if $img.digest -}}
+{{- printf "%s/%s@%s" $registry $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s/%s:%s" $registry $img.repository (default $root.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+{{- end -}}

@@ -7,8 +7,8 @@
 //!     binDir: /abs/dir                        # command[0] is looked up here by basename first
 //! ```
 //!
-//! Invariants: matching is on the repository only (`docker.io/` and `library/` prefixes are
-//! optional); `command[0]` resolves to `binDir/<basename>` if that is an executable file, else to
+//! Invariants: matching is on the repository only (a registry host such as `docker.io/` or
+//! `127.0.0.1:5000/`, and `library/` after it, are optional); `command[0]` resolves to `binDir/<basename>` if that is an executable file, else to
 //! itself if it contains a `/` and is executable, else through the kubelet's `PATH`. The file is
 //! re-read when its modification time changes, so tests may add images to a running cluster; a
 //! file that stops parsing keeps the previous map.
@@ -73,7 +73,13 @@ impl ImageMap {
     pub fn lookup(&self, image: &str) -> Option<&ImageEntry> {
         let repo = repository(image);
         let mut candidates = vec![repo];
-        if let Some(rest) = repo.strip_prefix("docker.io/") {
+        // Any registry host (a first component with a `.` or `:`, or `localhost`): the harness's
+        // loopback registry included.
+        let unhosted = match repo.split_once('/') {
+            Some((host, rest)) if host.contains(['.', ':']) || host == "localhost" => Some(rest),
+            _ => None,
+        };
+        if let Some(rest) = unhosted {
             candidates.push(rest);
             if let Some(rest) = rest.strip_prefix("library/") {
                 candidates.push(rest);
@@ -289,6 +295,14 @@ images:
             &[],
             Ok((runtime, &["serve"])),
         );
+        // Any registry host: the loopback registry's, by digest.
+        check(
+            "127.0.0.1:5000/modelfleet/runtime@sha256:0123",
+            &[],
+            &[],
+            Ok((runtime, &["serve"])),
+        );
+        check("ghcr.io/acme/runtime", &[], &[], Err("unknown image"));
         check(
             "modelfleet/runtime",
             &["modelfleet-runtime", "fetch"],

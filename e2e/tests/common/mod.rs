@@ -159,6 +159,11 @@ pub fn gateway_values() -> Vec<String> {
     .collect()
 }
 
+/// The cluster's OCI registry on loopback (from `e2e/cluster env`).
+pub fn registry() -> String {
+    std::env::var("MF_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5000".into())
+}
+
 /// The namespace the chart installs the operator into.
 pub const OPERATOR_NS: &str = "modelfleet-system";
 
@@ -195,12 +200,10 @@ pub async fn ensure_operator() {
                     "--timeout",
                     "90s",
                 ])
-                .args([
-                    "--set",
-                    "image.tag=dev",
-                    "--set",
-                    "runtimeImage=modelfleet/runtime:dev",
-                ])
+                // The images by name from the loopback registry; the process kubelet maps each
+                // repository to its local program (e2e/README.md).
+                .args(["--set", &format!("image.registry={}", registry())])
+                .args(["--set", "image.tag=dev", "--set", "runtime.image.tag=dev"])
                 .args(["--set", &format!("modelCache.hostPath={}", cache.display())])
                 // The fleet gateway: one replica on the node's network, at MF_GATEWAY_URL.
                 .args(gateway_values())

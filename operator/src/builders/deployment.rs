@@ -23,9 +23,9 @@ use crate::labels::{
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceFieldSelector, SeccompProfile, SecretVolumeSource, SecurityContext, SleepAction, Volume,
+    EnvVarSource, HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, LocalObjectReference,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, ResourceFieldSelector, SeccompProfile, SecretVolumeSource, SecurityContext, SleepAction, Volume,
     VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -113,6 +113,12 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
                     ),
                     automount_service_account_token: Some(false),
                     security_context: Some(pod_security(cfg)),
+                    image_pull_secrets: (!cfg.image_pull_secrets.is_empty()).then(|| {
+                        cfg.image_pull_secrets
+                            .iter()
+                            .map(|name| LocalObjectReference { name: name.clone() })
+                            .collect()
+                    }),
                     ..Default::default()
                 }),
             },
@@ -237,6 +243,7 @@ fn fetch_container(
     Container {
         name: name.into(),
         image: Some(image.into()),
+        image_pull_policy: cfg.runtime_image_pull_policy.clone(),
         args: Some(args),
         env: Some(vec![tmpdir_env()]),
         volume_mounts: Some(mounts),
@@ -446,6 +453,7 @@ fn runtime_container(
     Container {
         name: RUNTIME_CONTAINER.into(),
         image: Some(image.into()),
+        image_pull_policy: cfg.runtime_image_pull_policy.clone(),
         args: Some(serve_args(md, runtime, cfg)),
         env: Some(env),
         ports: Some(vec![

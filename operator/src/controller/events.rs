@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 use modelfleet_crds::ModelDeployment;
-use modelfleet_crds::condition_types::{DIGEST_VERIFIED, READY, RUNTIME_RESTARTS, STALLED};
+use modelfleet_crds::condition_types::{DIGEST_VERIFIED, GPU_UNUSED, READY, RUNTIME_RESTARTS, STALLED};
 use modelfleet_crds::model_deployment::ModelDeploymentStatus;
 
 fn find<'a>(cs: &'a [Condition], t: &str) -> Option<&'a Condition> {
@@ -19,19 +19,18 @@ pub fn transitions(
     next: &ModelDeploymentStatus,
 ) -> Vec<(bool, String, String)> {
     let mut out = Vec::new();
-    for t in [READY, STALLED, DIGEST_VERIFIED, RUNTIME_RESTARTS] {
+    for t in [READY, STALLED, DIGEST_VERIFIED, RUNTIME_RESTARTS, GPU_UNUSED] {
         let (Some(new), old) = (find(&next.conditions, t), find(&previous.conditions, t)) else {
             continue;
         };
         if old.is_some_and(|o| o.status == new.status && o.reason == new.reason) {
             continue;
         }
-        let warning = ((t == STALLED || t == RUNTIME_RESTARTS) && new.status == "True")
-            || (t == DIGEST_VERIFIED && new.status == "False");
+        let alarm = [STALLED, RUNTIME_RESTARTS, GPU_UNUSED].contains(&t);
+        let warning = (alarm && new.status == "True") || (t == DIGEST_VERIFIED && new.status == "False");
         // Nothing to say about a condition that starts out benign (not stalled, not yet verified,
         // no restarts).
-        let benign = ((t == STALLED || t == RUNTIME_RESTARTS) && new.status == "False")
-            || (t == DIGEST_VERIFIED && new.status == "Unknown");
+        let benign = (alarm && new.status == "False") || (t == DIGEST_VERIFIED && new.status == "Unknown");
         if benign && old.is_none_or(|o| o.status == new.status) {
             continue;
         }

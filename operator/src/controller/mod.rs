@@ -256,6 +256,9 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         conflict: conflict.clone(),
         served_name_conflict: served_names::message(&clashes),
         now,
+        gpus_reserved: crate::status::gpus_reserved(
+            md.spec.runtime.as_ref().and_then(|r| r.resources.as_ref()),
+        ),
     };
     let dep_status = deployment
         .as_ref()

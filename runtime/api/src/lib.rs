@@ -10,6 +10,7 @@
 //! - [`tenants`]: the tenants file (API keys → tenants and quotas), parsed and checked in constant time.
 //! - [`metric_names`]: metric names the runtime exports and the gateway and operator read.
 //! - [`exposition`]: reading a Prometheus `/metrics` page (the gateway reads pods' load with it).
+//! - [`version`]: what `--version` prints (the release version and the git revision).
 //! - `listener` (with the `axum` feature): a bounded HTTP/1.1 listener — connection cap, header read
 //!   deadline and size cap, graceful stop.
 //!
@@ -23,4 +24,5 @@ pub mod metric_names;
 pub mod response;
 pub mod structured;
 pub mod tenants;
+pub mod version;
 pub mod wire;

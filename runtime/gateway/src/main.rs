@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 /// The modelfleet fleet gateway.
 #[derive(Parser, Debug)]
-#[command(name = "modelfleet-gateway", version, about, long_about = None)]
+#[command(name = "modelfleet-gateway", version = modelfleet_api::version::long(), about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 /// The modelfleet runtime: inference server and artifact tools.
 #[derive(Parser, Debug)]
-#[command(name = "modelfleet-runtime", version, about, long_about = None)]
+#[command(name = "modelfleet-runtime", version = modelfleet_api::version::long(), about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

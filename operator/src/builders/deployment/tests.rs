@@ -510,3 +510,35 @@ fn adapter_file_roots_are_the_operators_setting() {
         "{args}"
     );
 }
+
+#[test]
+fn the_runtime_image_its_pull_policy_and_pull_secrets_come_from_the_operator() {
+    let cfg = OperatorConfig {
+        runtime_image: "registry.example/modelfleet/runtime@sha256:ab".into(),
+        runtime_image_pull_policy: Some("Always".into()),
+        image_pull_secrets: vec!["regcred".into()],
+        ..OperatorConfig::default()
+    };
+    let d = desired_deployment(&minimal(), &cfg, 1);
+    let pod = pod_spec(&d);
+    let secrets: Vec<&str> = pod
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(secrets, ["regcred"]);
+    for c in pod.containers.iter().chain(pod.init_containers.iter().flatten()) {
+        assert_eq!(
+            c.image.as_deref(),
+            Some("registry.example/modelfleet/runtime@sha256:ab"),
+            "{}",
+            c.name
+        );
+        assert_eq!(c.image_pull_policy.as_deref(), Some("Always"), "{}", c.name);
+    }
+    // None given: Kubernetes' defaults, nothing written.
+    let d = desired_deployment(&minimal(), &OperatorConfig::default(), 1);
+    assert!(pod_spec(&d).image_pull_secrets.is_none());
+    assert!(pod_spec(&d).containers[0].image_pull_policy.is_none());
+}
