@@ -53,6 +53,8 @@ images() {
       --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
       -t "localhost/modelfleet/$p:$VERSION" dist >/dev/null
   done
+  # Earlier builds' images, untagged now, would pile up in the store run after run.
+  bah rmi --prune >/dev/null 2>&1 || true
   bah images --filter reference='localhost/modelfleet/*'
 }
 

@@ -10,12 +10,16 @@
 //! caller bounds that wait). Request bodies are bounded by the handlers, which read them with a size
 //! cap and a read deadline (see the gateway's `body.rs`), after authentication.
 //!
-//! Used by the fleet gateway (`modelfleet-gateway`); written to be reused by the runtime server.
+//! [`Listeners`] is what both servers start with: the address from `--host` (else `$POD_IP`, else
+//! loopback), two ports on it — the API and a second one for the operator and Prometheus (the runtime's
+//! admin port, the gateway's metrics port) — each served with its own limits, and one stop for both
+//! ([`Serving::stop`]); [`shutdown_signal`] is the SIGTERM/SIGINT both wait for.
 
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -102,6 +106,112 @@ pub async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
+/// The address to bind: `explicit` (`--host`), else `$POD_IP` (a pod's own IP from the downward API),
+/// else 127.0.0.1.
+pub fn host_or_pod_ip(explicit: Option<&str>) -> String {
+    explicit
+        .map(str::to_owned)
+        .or_else(|| std::env::var("POD_IP").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "127.0.0.1".into())
+}
+
+/// Why the listeners could not be opened (the message names the flag or address).
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// `--host` is not an IP address.
+    #[error("--host {0}: not an IP address")]
+    Host(String),
+    /// A port could not be bound.
+    #[error("binding {what} {addr}: {source}")]
+    Port {
+        /// Which port (`the API port`, `the admin port`, …).
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS's reason.
+        source: std::io::Error,
+    },
+}
+
+/// The API port and a second one on the same address, bound and not yet served.
+pub struct Listeners {
+    /// The API's address.
+    pub addr: SocketAddr,
+    /// The second port's address (admin, or metrics).
+    pub second_addr: SocketAddr,
+    api: TcpListener,
+    second: TcpListener,
+}
+
+impl Listeners {
+    /// Binds `host:port` and `host:second_port`; `second` names the second port in errors.
+    pub async fn bind(
+        host: &str,
+        port: u16,
+        second_port: u16,
+        second: &'static str,
+    ) -> Result<Self, BindError> {
+        let ip: std::net::IpAddr = host.parse().map_err(|_| BindError::Host(host.to_owned()))?;
+        let open = |addr: SocketAddr, what: &'static str| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| BindError::Port { what, addr, source })
+        };
+        let api = open(SocketAddr::new(ip, port), "the API port").await?;
+        let second = open(SocketAddr::new(ip, second_port), second).await?;
+        Ok(Listeners {
+            addr: api.local_addr().unwrap_or(SocketAddr::new(ip, port)),
+            second_addr: second.local_addr().unwrap_or(SocketAddr::new(ip, second_port)),
+            api,
+            second,
+        })
+    }
+
+    /// Serves `api` and `second` with their own limits until [`Serving::stop`].
+    pub fn serve(self, api: (axum::Router, Limits), second: (axum::Router, Limits)) -> Serving {
+        let (stop, rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|v| *v).await;
+        };
+        let tasks = vec![
+            tokio::spawn(serve(self.api, api.0, api.1, stopped(rx.clone()))),
+            tokio::spawn(serve(self.second, second.0, second.1, stopped(rx))),
+        ];
+        Serving { stop, tasks }
+    }
+}
+
+/// Both listeners, serving.
+pub struct Serving {
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Serving {
+    /// Stops accepting on both ports; requests in flight get up to `grace` to finish. Whether they all
+    /// did.
+    pub async fn stop(self, grace: Duration) -> bool {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(grace, async {
+            for t in self.tasks {
+                let _ = t.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+}
+
+/// Resolves on SIGTERM (the kubelet's stop) or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +243,55 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).await?;
         Ok(out)
+    }
+
+    #[tokio::test]
+    async fn a_pair_serves_both_ports_and_stops_them_together() {
+        let l = Listeners::bind("127.0.0.1", 0, 0, "the second port")
+            .await
+            .unwrap();
+        let (a, b) = (l.addr, l.second_addr);
+        assert_ne!(a.port(), b.port());
+        let app = || {
+            axum::Router::new().route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    "done"
+                }),
+            )
+        };
+        let serving = l.serve((app(), Limits::default()), (app(), Limits::default()));
+        let in_flight = tokio::spawn(get(a));
+        assert!(get(b).await.unwrap().ends_with("done"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            serving.stop(Duration::from_secs(5)).await,
+            "stopped within the grace"
+        );
+        assert!(
+            in_flight.await.unwrap().unwrap().ends_with("done"),
+            "the request in flight finished"
+        );
+        assert!(TcpStream::connect(a).await.is_err() && TcpStream::connect(b).await.is_err());
+        let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let e = Listeners::bind("127.0.0.1", 0, port, "the admin port")
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().starts_with("binding the admin port 127.0.0.1:"),
+            "{e}"
+        );
+        assert!(
+            Listeners::bind("not-an-ip", 0, 0, "x")
+                .await
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("--host")
+        );
     }
 
     #[tokio::test]

@@ -9,9 +9,8 @@ use crate::load::scrape;
 use crate::routes;
 use crate::state::{Gateway, Settings};
 use anyhow::Context;
-use modelfleet_api::listener::{Limits, serve};
+use modelfleet_api::listener::{Limits, Listeners, host_or_pod_ip, shutdown_signal};
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -46,15 +45,6 @@ pub async fn scrape_loop(gw: Arc<Gateway>, port: u16, every: Duration) {
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
 /// Runs the gateway until SIGTERM.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -77,61 +67,30 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
     tokio::spawn(scrape_loop(gw.clone(), args.pod_metrics_port, scrape_every));
 
-    let host = args
-        .host
-        .clone()
-        .or_else(|| std::env::var("POD_IP").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| "127.0.0.1".into());
-    let addr: SocketAddr = format!("{host}:{}", args.port)
-        .parse()
-        .with_context(|| format!("--host {host}"))?;
-    let metrics_addr = SocketAddr::new(addr.ip(), args.metrics_port);
-    let api = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    let metrics = tokio::net::TcpListener::bind(metrics_addr)
-        .await
-        .with_context(|| format!("binding the metrics port {metrics_addr}"))?;
-    tracing::info!(%addr, %metrics_addr, namespaces = ?args.namespaces, "gateway listening");
+    let host = host_or_pod_ip(args.host.as_deref());
+    let listeners = Listeners::bind(&host, args.port, args.metrics_port, "the metrics port").await?;
+    tracing::info!(addr = %listeners.addr, metrics_addr = %listeners.second_addr, namespaces = ?args.namespaces, "gateway listening");
     let limits = Limits {
         max_connections: args.max_connections,
         header_read_timeout: secs(args.header_read_timeout),
         ..Limits::default()
     };
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|v| *v).await;
+    let metrics_limits = Limits {
+        max_connections: 64,
+        ..limits.clone()
     };
-    let api_task = tokio::spawn(serve(
-        api,
-        routes::api(gw.clone()),
-        limits.clone(),
-        stopped(stop_rx.clone()),
-    ));
-    let metrics_task = tokio::spawn(serve(
-        metrics,
-        routes::metrics(gw.clone()),
-        Limits {
-            max_connections: 64,
-            ..limits
-        },
-        stopped(stop_rx),
-    ));
+    let serving = listeners.serve(
+        (routes::api(gw.clone()), limits),
+        (routes::metrics(gw.clone()), metrics_limits),
+    );
 
     shutdown_signal().await;
     tracing::info!("SIGTERM: /ready is 503; still serving while endpoints drop this replica");
     gw.draining.store(true, Ordering::SeqCst);
     tokio::time::sleep(secs(args.drain_seconds)).await;
     tracing::info!("closing the listeners; requests in flight may finish");
-    let _ = stop_tx.send(true);
     let grace = secs(args.shutdown_grace_seconds);
-    if tokio::time::timeout(grace, async {
-        let _ = api_task.await;
-        let _ = metrics_task.await;
-    })
-    .await
-    .is_err()
-    {
+    if !serving.stop(grace).await {
         tracing::warn!(?grace, "requests still in flight after the grace period; exiting");
     }
     tracing::info!("stopped");
