@@ -24,8 +24,10 @@ mod routes;
 pub mod speculative;
 mod start;
 pub mod state;
+mod stream;
 mod structured;
 mod tools;
+mod validate;
 
 pub use args::{
     DEFAULT_BLOCK_SIZE, DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS,

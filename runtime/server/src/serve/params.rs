@@ -92,8 +92,10 @@ pub fn cache_salt_key(salt: Option<&str>, limits: &RequestLimits) -> Result<Opti
     Ok(Some(hex::encode(Sha256::digest(salt.as_bytes()))))
 }
 
-/// Builds and validates the sampling parameters. `max_tokens` is what the request asked for (either
-/// spelling), `logprobs` the number of alternatives when logprobs were requested.
+/// Builds and validates the sampling parameters — every range the engine checks too, before anything
+/// is tokenized (the context check, which needs the prompt's length, comes later in [`fit_context`]).
+/// `max_tokens` is what the request asked for (either spelling), `logprobs` the number of alternatives
+/// when logprobs were requested.
 pub fn sampling_params(
     s: &Sampling,
     max_tokens: Option<u32>,
@@ -105,59 +107,11 @@ pub fn sampling_params(
     if n == 0 || n > limits.max_n {
         return Err(invalid("n", format!("must be in [1, {}], got {n}", limits.max_n)));
     }
-    let stop = s.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
-    if stop.len() > limits.max_stop {
-        return Err(invalid(
-            "stop",
-            format!("may hold at most {} strings, got {}", limits.max_stop, stop.len()),
-        ));
-    }
-    if let Some(long) = stop.iter().find(|s| s.len() > limits.max_stop_len) {
-        return Err(invalid(
-            "stop",
-            format!(
-                "strings may be at most {} bytes, got one of {}",
-                limits.max_stop_len,
-                long.len()
-            ),
-        ));
-    }
-    let mut logit_bias = Vec::new();
-    if let Some(bias) = &s.logit_bias {
-        if bias.len() > limits.max_logit_bias {
-            return Err(invalid(
-                "logit_bias",
-                format!(
-                    "may hold at most {} entries, got {}",
-                    limits.max_logit_bias,
-                    bias.len()
-                ),
-            ));
-        }
-        for (k, v) in bias {
-            let id: u32 = k
-                .parse()
-                .map_err(|_| invalid("logit_bias", format!("keys must be token ids, got {k:?}")))?;
-            logit_bias.push((id, *v));
-        }
-    }
-    let stop_token_ids = s.stop_token_ids.clone().unwrap_or_default();
-    if stop_token_ids.len() > limits.max_stop_token_ids {
-        return Err(invalid(
-            "stop_token_ids",
-            format!(
-                "may hold at most {} ids, got {}",
-                limits.max_stop_token_ids,
-                stop_token_ids.len()
-            ),
-        ));
-    }
-    if let Some(&bad) = stop_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
-        return Err(invalid(
-            "stop_token_ids",
-            format!("ids must be < {vocab_size} (the vocabulary size), got {bad}"),
-        ));
-    }
+    let Lists {
+        stop,
+        logit_bias,
+        stop_token_ids,
+    } = lists(s, vocab_size, limits)?;
     let d = SamplingParams::default();
     let p = SamplingParams {
         temperature: s.temperature.unwrap_or(d.temperature),
@@ -180,7 +134,81 @@ pub fn sampling_params(
         skip_special_tokens: s.skip_special_tokens.unwrap_or(true),
         constraint: None,
     };
+    // The engine's own checks now, so a bad value costs no tokenizing; `fit_context` checks again
+    // once `max_tokens` is fixed against the prompt.
+    p.clone().validate(vocab_size).map_err(engine_param_error)?;
     Ok((p, n))
+}
+
+/// A request's lists, each checked against its limit.
+struct Lists {
+    stop: Vec<String>,
+    logit_bias: Vec<(u32, f32)>,
+    stop_token_ids: Vec<u32>,
+}
+
+/// `stop`, `logit_bias` and `stop_token_ids`, each within its limit.
+fn lists(s: &Sampling, vocab_size: usize, limits: &RequestLimits) -> Result<Lists, ApiError> {
+    let stop = s.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
+    if stop.len() > limits.max_stop {
+        return Err(invalid(
+            "stop",
+            format!("may hold at most {} strings, got {}", limits.max_stop, stop.len()),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > limits.max_stop_len) {
+        return Err(invalid(
+            "stop",
+            format!(
+                "strings may be at most {} bytes, got one of {}",
+                limits.max_stop_len,
+                long.len()
+            ),
+        ));
+    }
+    let bias = s.logit_bias.as_ref();
+    if let Some(bias) = bias.filter(|b| b.len() > limits.max_logit_bias) {
+        return Err(invalid(
+            "logit_bias",
+            format!(
+                "may hold at most {} entries, got {}",
+                limits.max_logit_bias,
+                bias.len()
+            ),
+        ));
+    }
+    let logit_bias = bias
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let id: u32 = k
+                .parse()
+                .map_err(|_| invalid("logit_bias", format!("keys must be token ids, got {k:?}")))?;
+            Ok((id, *v))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let stop_token_ids = s.stop_token_ids.clone().unwrap_or_default();
+    if stop_token_ids.len() > limits.max_stop_token_ids {
+        return Err(invalid(
+            "stop_token_ids",
+            format!(
+                "may hold at most {} ids, got {}",
+                limits.max_stop_token_ids,
+                stop_token_ids.len()
+            ),
+        ));
+    }
+    if let Some(&bad) = stop_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+        return Err(invalid(
+            "stop_token_ids",
+            format!("ids must be < {vocab_size} (the vocabulary size), got {bad}"),
+        ));
+    }
+    Ok(Lists {
+        stop,
+        logit_bias,
+        stop_token_ids,
+    })
 }
 
 /// The 413 for a prompt (or prompt + `max_tokens`) over the context.
@@ -298,7 +326,8 @@ mod tests {
         assert_eq!(fit_context(p, 64, 64, 100).unwrap_err().status(), 413);
         let (p, _) = sampling_params(&Sampling::default(), None, None, 100, &l).unwrap();
         assert_eq!(fit_context(p, 50, 64, 100).unwrap().max_tokens, Some(14));
-        let (p, _) = sampling_params(
+        // A bad range is refused before the prompt is tokenized, by `sampling_params` itself.
+        let e = sampling_params(
             &Sampling {
                 temperature: Some(-1.0),
                 ..Default::default()
@@ -308,8 +337,7 @@ mod tests {
             100,
             &l,
         )
-        .unwrap();
-        let e = fit_context(p, 1, 64, 100).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("temperature"));
+        .unwrap_err();
+        assert_eq!((e.status(), e.param.as_deref()), (400, Some("temperature")));
     }
 }
