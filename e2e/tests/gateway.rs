@@ -518,16 +518,9 @@ async fn drain_stream(mut r: reqwest::Response) -> Ended {
 
 /// `modelfleet_gateway_retries_total` summed, from the gateway's metrics port.
 async fn gateway_retries() -> f64 {
-    let port = std::env::var("MF_GATEWAY_METRICS_PORT").unwrap_or_else(|_| "8081".into());
-    let text = http()
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
+    gateway_metrics()
         .await
-        .expect("gateway metrics")
-        .text()
-        .await
-        .unwrap();
-    text.lines()
+        .lines()
         .filter(|l| l.starts_with("modelfleet_gateway_retries_total"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()

@@ -193,15 +193,7 @@ async fn a_poison_request_kills_at_most_one_replica_and_other_tenants_are_served
     );
 
     // The gateway counted the reset and the pod's death; the operator says why the pod restarted.
-    let port = std::env::var("MF_GATEWAY_METRICS_PORT").unwrap_or_else(|_| "8081".into());
-    let metrics = common::http()
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gateway_metrics().await;
     assert!(
         metrics
             .lines()

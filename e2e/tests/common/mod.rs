@@ -159,6 +159,19 @@ pub fn gateway_values() -> Vec<String> {
     .collect()
 }
 
+/// The fleet gateway's `/metrics` page, from its metrics port on loopback.
+pub async fn gateway_metrics() -> String {
+    let port = std::env::var("MF_GATEWAY_METRICS_PORT").unwrap_or_else(|_| "8081".into());
+    http()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .expect("gateway metrics")
+        .text()
+        .await
+        .unwrap()
+}
+
 /// The cluster's OCI registry on loopback (from `e2e/cluster env`).
 pub fn registry() -> String {
     std::env::var("MF_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5000".into())
@@ -325,14 +338,9 @@ pub async fn dashboard_queries_return_data(file: &str, min: usize) {
     eprintln!("all {} queries of {file} return data", exprs.len());
 }
 
-/// Whether a pod is Ready and not being deleted.
+/// Whether a pod is Ready and not being deleted (the operator's and the gateway's reading).
 pub fn is_ready(p: &k8s_openapi::api::core::v1::Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .as_ref()
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+    modelfleet_crds::pods::is_ready(p)
 }
 
 /// Ready pods of a ModelDeployment: name → IP.

@@ -11,40 +11,26 @@ use super::owned_meta;
 use crate::labels::adapters_configmap_name;
 use k8s_openapi::api::core::v1::ConfigMap;
 use modelfleet_crds::ModelDeployment;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Key of the adapter list inside the ConfigMap.
 pub const ADAPTERS_KEY: &str = "adapters.json";
 
-/// One adapter as the runtime's start-up file and its `POST /v1/adapters` body spell it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AdapterEntry {
-    /// The served name (what clients put in `model`).
-    pub name: String,
-    /// Where the adapter's bytes come from.
-    pub uri: String,
-    /// The canonical digest they must match.
-    pub digest: String,
-    /// Tenants allowed to use it (empty: every tenant), sorted and without duplicates.
-    pub tenants: Vec<String>,
-}
-
-#[derive(Serialize)]
-struct AdaptersFile<'a> {
-    adapters: &'a [AdapterEntry],
-}
+/// One adapter as the runtime's start-up file and its `POST /v1/adapters` body spell it (the type
+/// the runtime reads them with).
+pub use modelfleet_api::adapters::AdapterSpec;
+use modelfleet_api::adapters::AdaptersFile;
 
 /// The file's text for `entries` (already sorted by the caller).
-pub fn adapters_json(entries: &[AdapterEntry]) -> String {
-    let mut text =
-        serde_json::to_string_pretty(&AdaptersFile { adapters: entries }).expect("adapter entries serialise");
-    text.push('\n');
-    text
+pub fn adapters_json(entries: &[AdapterSpec]) -> String {
+    AdaptersFile {
+        adapters: entries.to_vec(),
+    }
+    .to_text()
 }
 
 /// The ConfigMap listing `entries` for `md`.
-pub fn desired_adapters_configmap(md: &ModelDeployment, entries: &[AdapterEntry]) -> ConfigMap {
+pub fn desired_adapters_configmap(md: &ModelDeployment, entries: &[AdapterSpec]) -> ConfigMap {
     let name = md.metadata.name.clone().unwrap_or_default();
     ConfigMap {
         metadata: owned_meta(md, adapters_configmap_name(&name)),
@@ -61,8 +47,8 @@ mod tests {
     use super::*;
     use crate::builders::fixtures::minimal;
 
-    fn entry(name: &str, tenants: &[&str]) -> AdapterEntry {
-        AdapterEntry {
+    fn entry(name: &str, tenants: &[&str]) -> AdapterSpec {
+        AdapterSpec {
             name: name.into(),
             uri: format!("file:///adapters/{name}"),
             digest: format!("sha256:{}", "a".repeat(64)),

@@ -1,7 +1,7 @@
 //! `status.capacity`: measured throughput per replica and cost per million output tokens for
 //! ModelDeployments with `spec.cost`.
 //!
-//! Each reconcile pass of such a deployment calls [`observe`]: at most every [`SAMPLE_INTERVAL`] it
+//! Each reconcile pass of such a deployment calls [`Capacity::observe`]: at most every [`SAMPLE_INTERVAL`] it
 //! reads one [`measure::Sample`] of the ready replicas' output-token counters and queue depths
 //! ([`read`]: the pods' `/metrics` on the admin port, or Prometheus when `spec.autoscaling.metrics` says so), keeps the
 //! samples of the last `spec.cost.windowSeconds` in the leader's memory, and computes the figures
@@ -17,14 +17,16 @@
 pub mod measure;
 pub mod read;
 
-use crate::controller::Context;
 use crate::labels::METRICS_PORT;
+use crate::telemetry::Metrics;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use measure::{History, same_figures};
 use modelfleet_crds::ModelDeployment;
 use modelfleet_crds::model_deployment::{CapacityStatus, MetricsSource};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often a deployment's replicas are sampled (and so how often its passes are requeued).
@@ -45,24 +47,46 @@ pub struct Memory {
     history: History,
 }
 
-/// `status.capacity` for this pass: `None` without `spec.cost`; otherwise the previous figures, or
-/// fresh ones when they are due (see the module header).
-pub async fn observe(md: &ModelDeployment, pods: &[Pod], ctx: &Context) -> Option<CapacityStatus> {
+/// The leader's capacity measurements: per ModelDeployment its samples, and what it reads them with.
+pub struct Capacity {
+    /// Per `namespace/name` with `spec.cost`: the samples of its window.
+    memory: Mutex<HashMap<String, Memory>>,
+    /// For pod scrapes and Prometheus queries.
+    http: reqwest::Client,
+    /// The operator's metrics (`modelfleet_capacity_*`).
+    metrics: Arc<Metrics>,
+}
+
+impl Capacity {
+    /// Nothing measured yet.
+    pub fn new(http: reqwest::Client, metrics: Arc<Metrics>) -> Self {
+        Capacity {
+            memory: Mutex::new(HashMap::new()),
+            http,
+            metrics,
+        }
+    }
+
+    /// `status.capacity` for this pass: `None` without `spec.cost`; otherwise the previous figures, or
+    /// fresh ones when they are due (see the module header).
+    pub async fn observe(&self, md: &ModelDeployment, pods: &[Pod]) -> Option<CapacityStatus> {
+        observe(md, pods, self).await
+    }
+}
+
+async fn observe(md: &ModelDeployment, pods: &[Pod], ctx: &Capacity) -> Option<CapacityStatus> {
     let ns = md.namespace().unwrap_or_default();
     let name = md.name_any();
     let key = format!("{ns}/{name}");
     forget_stale(ctx);
     let Some(cost) = &md.spec.cost else {
-        ctx.capacity
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key);
+        ctx.memory.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         ctx.metrics.clear_capacity(&ns, &name);
         return None;
     };
     let previous = md.status.as_ref().and_then(|s| s.capacity.clone());
     {
-        let mut mem = ctx.capacity.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mem = ctx.memory.lock().unwrap_or_else(|e| e.into_inner());
         let entry = mem.entry(key.clone()).or_insert_with(|| Memory {
             sampled: None,
             history: History::default(),
@@ -81,7 +105,7 @@ pub async fn observe(md: &ModelDeployment, pods: &[Pod], ctx: &Context) -> Optio
     };
     let window = Duration::from_secs(cost.window_seconds.max(1) as u64);
     let measurement = {
-        let mut mem = ctx.capacity.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mem = ctx.memory.lock().unwrap_or_else(|e| e.into_inner());
         let entry = mem.get_mut(&key)?;
         entry.history.push(sample, window);
         entry.history.measure()
@@ -111,8 +135,11 @@ pub async fn observe(md: &ModelDeployment, pods: &[Pod], ctx: &Context) -> Optio
 }
 
 /// One sample of every ready replica of `md`.
-async fn sample(md: &ModelDeployment, pods: &[Pod], ctx: &Context) -> Result<measure::Sample, String> {
-    let ready: Vec<&Pod> = pods.iter().filter(|p| crate::controller::is_ready(p)).collect();
+async fn sample(md: &ModelDeployment, pods: &[Pod], ctx: &Capacity) -> Result<measure::Sample, String> {
+    let ready: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| modelfleet_crds::pods::is_ready(p))
+        .collect();
     let metrics = md.spec.autoscaling.as_ref().map(|a| &a.metrics);
     match metrics {
         Some(m) if m.source == MetricsSource::Prometheus => {
@@ -141,8 +168,8 @@ async fn sample(md: &ModelDeployment, pods: &[Pod], ctx: &Context) -> Result<mea
 }
 
 /// Drops the memory (and metric series) of deployments not sampled for [`FORGET_AFTER`].
-fn forget_stale(ctx: &Context) {
-    let mut mem = ctx.capacity.lock().unwrap_or_else(|e| e.into_inner());
+fn forget_stale(ctx: &Capacity) {
+    let mut mem = ctx.memory.lock().unwrap_or_else(|e| e.into_inner());
     let stale: Vec<String> = mem
         .iter()
         .filter(|(_, m)| m.sampled.is_some_and(|t| t.elapsed() > FORGET_AFTER))

@@ -9,7 +9,7 @@
 use super::ownership::Existing;
 use super::{Context, desired_objects};
 use crate::Error;
-use crate::builders::adapters::{AdapterEntry, desired_adapters_configmap};
+use crate::builders::adapters::{AdapterSpec, desired_adapters_configmap};
 use crate::builders::secret::{existing_token, new_token};
 use crate::labels::{FIELD_MANAGER, adapters_configmap_name, admin_secret_name};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -26,7 +26,7 @@ pub async fn owned_objects(
     ctx: &Context,
     existing: &Existing,
     replicas: i32,
-    adapters: &[AdapterEntry],
+    adapters: &[AdapterSpec],
 ) -> Result<String, Error> {
     let ns = md.namespace().unwrap_or_default();
     let name = md.name_any();

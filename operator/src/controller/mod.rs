@@ -15,35 +15,29 @@
 mod apply;
 pub(crate) mod events;
 pub mod ownership;
+mod pass;
 pub mod peers;
-mod scale;
 mod served_names;
 pub mod sweep;
-mod zero;
-
-pub(crate) use scale::is_ready;
 
 use crate::Error;
 use crate::builders;
 use crate::config::OperatorConfig;
-use crate::labels::{APP_NAME, MODEL_DEPLOYMENT_LABEL, selector_string};
+use crate::labels::{APP_NAME, MODEL_DEPLOYMENT_LABEL};
 use crate::scope::{self, Scope};
-use crate::status::{Observed, TenantsSecret, carry_transition_times, conditions};
 use crate::telemetry::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Client, ResourceExt};
-use modelfleet_crds::model_deployment::{AutoscalingMode, ModelDeploymentStatus};
 use modelfleet_crds::{LoraAdapter, ModelDeployment};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Shared state of all reconcile passes.
@@ -58,19 +52,18 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Publishes Events on ModelDeployments.
     pub recorder: Recorder,
-    /// Per ModelDeployment: when its metrics were last read (the autoscaler's rate limit) and the
-    /// stabilization windows (authoritative while this replica leads).
-    pub last_sample: Mutex<HashMap<String, scale::Memory>>,
+    /// The built-in autoscaler: per ModelDeployment when its metrics were last read (the rate limit)
+    /// and the stabilization windows (authoritative while this replica leads).
+    pub autoscaler: crate::autoscaler::Autoscaler,
     /// Starts the adapter sweeps.
     pub sweeper: sweep::Sweeper,
     /// Every ModelDeployment and LoraAdapter in scope (served-name conflicts).
     pub peers: peers::Peers,
-    /// Per ModelDeployment with `spec.cost`: the capacity samples of its window.
-    pub capacity: Mutex<HashMap<String, crate::capacity::Memory>>,
+    /// Per ModelDeployment with `spec.cost`: capacity samples and figures.
+    pub capacity: crate::capacity::Capacity,
 }
 
-/// How often the built-in autoscaler reads metrics.
-pub const AUTOSCALE_INTERVAL: Duration = Duration::from_secs(3);
+pub use crate::autoscaler::AUTOSCALE_INTERVAL;
 /// How often other ModelDeployments are passed over (and their pods swept) without a change.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(60);
 /// How often a pass stopped by a `NameConflict` looks again.
@@ -88,15 +81,20 @@ pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, ide
     };
     let (peers, feeds) = peers::Peers::new(scope.partitions());
     let ctx = Arc::new(Context {
+        capacity: crate::capacity::Capacity::new(http.clone(), metrics.clone()),
+        autoscaler: crate::autoscaler::Autoscaler::new(
+            http.clone(),
+            client.clone(),
+            cfg.gateway.clone(),
+            metrics.clone(),
+        ),
         client: client.clone(),
         cfg,
         http,
         metrics,
         recorder: Recorder::new(client.clone(), reporter),
-        last_sample: Mutex::new(HashMap::new()),
         sweeper: sweep::Sweeper::new(crate::lora::admin::http_client()),
         peers,
-        capacity: Mutex::new(HashMap::new()),
     });
     let runs = feeds
         .into_iter()
@@ -158,159 +156,15 @@ fn error_policy(md: Arc<ModelDeployment>, error: &Error, ctx: Arc<Context>) -> A
     Action::requeue(Duration::from_secs(5))
 }
 
-async fn tenants_secret(secrets: &Api<Secret>, md: &ModelDeployment) -> Result<TenantsSecret, Error> {
-    let Some(t) = &md.spec.tenants else {
-        return Ok(TenantsSecret::NotReferenced);
-    };
-    let name = t.secret_ref.name.clone();
-    Ok(match secrets.get_opt(&name).await? {
-        None => TenantsSecret::Missing(name),
-        Some(s) => {
-            let key = &t.secret_ref.key;
-            let in_data = s.data.as_ref().is_some_and(|m| m.contains_key(key));
-            let in_string_data = s.string_data.as_ref().is_some_and(|m| m.contains_key(key));
-            if in_data || in_string_data {
-                TenantsSecret::Present
-            } else {
-                TenantsSecret::MissingKey(name, t.secret_ref.key.clone())
-            }
-        }
-    })
-}
-
-/// One pass for one ModelDeployment.
+/// One pass for one ModelDeployment: observe, act, write the status if it changed, requeue.
 pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.duration.start_timer();
     ctx.metrics.reconciliations.inc();
-    let ns = md
-        .namespace()
-        .ok_or_else(|| Error::Invalid("ModelDeployment without a namespace".into()))?;
-    let name = md.name_any();
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-
-    // Observe.
-    let owned = ownership::Existing::read(&ctx.client, &md).await?;
-    let existing = owned.deployment.clone();
-    let pods = pods_api
-        .list(&ListParams::default().labels(&selector_string(&name)))
-        .await?
-        .items;
-    let tenants = tenants_secret(&secrets, &md).await?;
-    let adapters: Vec<LoraAdapter> = Api::<LoraAdapter>::namespaced(ctx.client.clone(), &ns)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|a| crate::lora::desired::references(a, &ns, &name))
-        .collect();
-    let startup = crate::lora::desired::startup_entries(&adapters, &builders::deployment::served_name(&md));
-
-    // Apply nothing over an object this ModelDeployment does not control; else decide the replica
-    // count, apply everything the operator owns, and sweep stray adapters off the ready pods.
-    let conflict = ownership::conflict(&md, &owned);
-    let clashes = ctx.peers.clashes(&md, ctx.cfg.served_name_scope);
-    let (scaled, deployment) = if conflict.is_some() {
-        (scale::unchanged(&md), None)
-    } else {
-        let scaled = scale::replicas(&md, existing.as_ref(), &pods, &ctx).await;
-        let token = apply::owned_objects(&md, &ctx, &owned, scaled.replicas, &startup).await?;
-        let targets = pods
-            .iter()
-            .filter(|p| scale::is_ready(p))
-            .filter_map(|p| {
-                Some(sweep::Target {
-                    pod: p.name_any(),
-                    ip: p.status.as_ref()?.pod_ip.clone()?,
-                })
-            })
-            .collect();
-        sweep::start(
-            &ctx.sweeper,
-            ctx.client.clone(),
-            ctx.metrics.clone(),
-            ns.clone(),
-            name.clone(),
-            targets,
-            token,
-        );
-        (scaled, deployments.get_opt(&name).await?)
-    };
-    let capacity = match conflict {
-        Some(_) => md.status.as_ref().and_then(|s| s.capacity.clone()),
-        None => crate::capacity::observe(&md, &pods, &ctx).await,
-    };
-
-    // Status, from what was observed.
-    let now = Timestamp::now();
-    let previous = md.status.clone().unwrap_or_default();
-    let observed = Observed {
-        generation: md.metadata.generation.unwrap_or(0),
-        digest: &md.spec.model.digest,
-        desired: scaled.replicas,
-        deployment: deployment.as_ref(),
-        pods: &pods,
-        tenants,
-        scaling: scaled.scaling.clone(),
-        conflict: conflict.clone(),
-        served_name_conflict: served_names::message(&clashes),
-        now,
-        gpus_reserved: crate::status::gpus_reserved(
-            md.spec.runtime.as_ref().and_then(|r| r.resources.as_ref()),
-        ),
-    };
-    let dep_status = deployment
-        .as_ref()
-        .and_then(|d| d.status.clone())
-        .unwrap_or_default();
-    let status = ModelDeploymentStatus {
-        observed_generation: md.metadata.generation,
-        replicas: dep_status.replicas.unwrap_or(0),
-        ready_replicas: dep_status.ready_replicas.unwrap_or(0),
-        desired_replicas: Some(scaled.replicas),
-        selector: Some(selector_string(&name)),
-        conditions: carry_transition_times(&previous.conditions, conditions(&observed), now),
-        observed_metrics: scaled.observed_metrics.clone(),
-        last_scale_time: scaled.last_scale_time.clone(),
-        recent_decisions: scaled.recent_decisions.clone(),
-        autoscaler: scaled.autoscaler.clone(),
-        capacity,
-    };
-    if md.status.as_ref() != Some(&status) {
-        let mds: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = serde_json::json!({
-            "apiVersion": "modelfleet.io/v1alpha1",
-            "kind": "ModelDeployment",
-            "status": status,
-        });
-        let pp = PatchParams::apply(crate::labels::FIELD_MANAGER).force();
-        mds.patch_status(&name, &pp, &Patch::Apply(&patch)).await?;
-        ctx.metrics.status_writes.inc();
-        events::on_transitions(&ctx, &md, &previous, &status, scaled.decision_reason.as_deref()).await;
-    }
-
-    let builtin = md
-        .spec
-        .autoscaling
-        .as_ref()
-        .is_some_and(|a| a.mode == AutoscalingMode::Builtin);
-    let every = if conflict.is_some() {
-        CONFLICT_RETRY
-    } else if builtin {
-        AUTOSCALE_INTERVAL
-    } else {
-        RESYNC_INTERVAL
-    };
-    let every = match md.spec.cost {
-        Some(_) => every.min(crate::capacity::SAMPLE_INTERVAL),
-        None => every,
-    };
-    Ok(Action::requeue(if clashes.is_empty() {
-        every
-    } else {
-        every.min(CONFLICT_RECHECK)
-    }))
+    let seen = pass::observe(&md, &ctx).await?;
+    let acted = pass::act(&md, &ctx, &seen).await?;
+    let status = pass::desired_status(&md, &seen, &acted, Timestamp::now());
+    pass::write_status(&md, &ctx, status, acted.scaled.decision_reason.as_deref()).await?;
+    Ok(Action::requeue(pass::requeue_after(&md, &seen)))
 }
 
 /// Used by the builders' callers and tests: the desired objects for a pass.

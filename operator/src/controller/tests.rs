@@ -13,7 +13,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use modelfleet_crds::ModelDeployment;
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const NS: &str = "serving";
 const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
@@ -39,16 +39,23 @@ fn context(client: Client) -> Arc<Context> {
         controller: "modelfleet-operator".into(),
         instance: Some("test".into()),
     };
+    let metrics = Arc::new(Metrics::default());
+    let http = crate::autoscaler::metrics::http_client();
     Arc::new(Context {
+        capacity: crate::capacity::Capacity::new(http.clone(), metrics.clone()),
+        autoscaler: crate::autoscaler::Autoscaler::new(
+            http.clone(),
+            client.clone(),
+            OperatorConfig::default().gateway,
+            metrics.clone(),
+        ),
         client: client.clone(),
         cfg: OperatorConfig::default(),
-        http: crate::autoscaler::metrics::http_client(),
-        metrics: Arc::new(Metrics::default()),
+        http,
+        metrics,
         recorder: Recorder::new(client, reporter),
-        last_sample: Mutex::new(HashMap::new()),
         sweeper: super::sweep::Sweeper::new(crate::autoscaler::metrics::http_client()),
         peers: super::peers::Peers::empty(),
-        capacity: Mutex::new(HashMap::new()),
     })
 }
 

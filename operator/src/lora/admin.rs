@@ -9,7 +9,7 @@
 //! place ([`classify`]) from the OpenAI-shaped `error.code` the runtime returns.
 
 use crate::body::{MAX_ADMIN_BYTES, read_capped};
-use crate::builders::adapters::AdapterEntry;
+use crate::builders::adapters::AdapterSpec;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -193,7 +193,7 @@ pub async fn load(
     http: &reqwest::Client,
     base: &str,
     token: &AdminToken,
-    entry: &AdapterEntry,
+    entry: &AdapterSpec,
     timeout: Duration,
 ) -> Result<(), AdminError> {
     let answer = http

@@ -6,7 +6,7 @@
 //! then name) wins — deleting ones included, so a later adapter never loads a name that an earlier
 //! one's finalizer is about to `DELETE` by name; only a winner ever loads or unloads that name.
 
-use crate::builders::adapters::AdapterEntry;
+use crate::builders::adapters::AdapterSpec;
 use crate::labels::RUNTIME_CONTAINER;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -27,8 +27,8 @@ pub fn normalized_tenants(a: &LoraAdapter) -> Vec<String> {
 }
 
 /// What the runtime is asked to load for `a`.
-pub fn entry(a: &LoraAdapter) -> AdapterEntry {
-    AdapterEntry {
+pub fn entry(a: &LoraAdapter) -> AdapterSpec {
+    AdapterSpec {
         name: served_name(a),
         uri: a.spec.uri.clone(),
         digest: a.spec.digest.clone(),
@@ -114,8 +114,8 @@ pub fn known_bad(a: &LoraAdapter) -> bool {
 
 /// The start-up list of a deployment whose model is served as `base_name`: its adapters that are not
 /// being deleted, not in conflict and not known bad, sorted by served name.
-pub fn startup_entries(siblings: &[LoraAdapter], base_name: &str) -> Vec<AdapterEntry> {
-    let mut entries: Vec<AdapterEntry> = siblings
+pub fn startup_entries(siblings: &[LoraAdapter], base_name: &str) -> Vec<AdapterSpec> {
+    let mut entries: Vec<AdapterSpec> = siblings
         .iter()
         .filter(|a| a.metadata.deletion_timestamp.is_none())
         .filter(|a| conflict(a, siblings, Some(base_name)).is_none())
@@ -155,11 +155,7 @@ pub fn pod_targets(pods: &[Pod]) -> Vec<PodTarget> {
                 .flatten()
                 .find(|c| c.name == RUNTIME_CONTAINER)?;
             runtime.state.as_ref()?.running.as_ref()?;
-            let ready = status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let ready = modelfleet_crds::pods::ready_condition(p);
             Some(PodTarget {
                 name: p.metadata.name.clone()?,
                 uid: p.metadata.uid.clone()?,

@@ -13,7 +13,7 @@
 //! process: a new leader re-sends every load once, which the runtime answers 200.
 
 use super::admin::{self, AdminError, AdminToken, Timeouts};
-use crate::builders::adapters::AdapterEntry;
+use crate::builders::adapters::AdapterSpec;
 use crate::telemetry::Metrics;
 use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::ObjectRef;
@@ -53,7 +53,7 @@ pub struct Want {
     /// Load or unload.
     pub kind: Kind,
     /// The adapter as the runtime sees it.
-    pub entry: AdapterEntry,
+    pub entry: AdapterSpec,
     /// Restarts of the pod's runtime container when asked.
     pub restarts: i32,
 }

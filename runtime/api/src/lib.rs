@@ -1,6 +1,7 @@
 //! `modelfleet-api`: what the runtime server (`modelfleet-runtime serve`) and the fleet gateway
 //! (`modelfleet-gateway`) share, so both speak one API with one set of errors.
 //!
+//! - [`adapters`]: the adapter list the operator writes and the runtime reads (one type for both).
 //! - [`wire`]: OpenAI request bodies, parsed strictly (unknown and unsupported fields refused by name).
 //! - [`structured`]: structured output (`response_format`, vLLM's `structured_outputs`/`guided_*`) and
 //!   tools (`tools`, `tool_choice`), checked for shape and size; one constraint per request.
@@ -16,6 +17,7 @@
 //!
 //! Invariants: no engine, no HTTP server state; nothing here logs or echoes an API key.
 
+pub mod adapters;
 pub mod error;
 pub mod exposition;
 #[cfg(feature = "axum")]

@@ -36,15 +36,21 @@ fn pod_of(headers: &reqwest::header::HeaderMap) -> String {
         .unwrap_or_default()
 }
 
-#[tokio::test]
-async fn affinity_sends_a_prefix_to_one_pod_and_unique_prompts_spread() {
-    let (pods, port) = pods(3).await;
+/// `n` test pods behind a gateway, as one open deployment (every key accepted).
+async fn open_fleet(n: usize) -> (Vec<TestPod>, TestGateway) {
+    let (pods, port) = pods(n).await;
     let d = deployment(
         &pods.iter().map(|p| p.pod()).collect::<Vec<_>>(),
         Tenancy::Open,
         &[],
     );
     let gw = TestGateway::start(settings(port), Fleet::new(vec![d], true), 8).await;
+    (pods, gw)
+}
+
+#[tokio::test]
+async fn affinity_sends_a_prefix_to_one_pod_and_unique_prompts_spread() {
+    let (pods, gw) = open_fleet(3).await;
     let url = gw.url("/v1/chat/completions");
     let mut homes = BTreeMap::new();
     for tenant_prompt in ["alpha system prompt", "beta system prompt", "gamma system prompt"] {
@@ -109,13 +115,7 @@ async fn answers_pass_through_byte_for_byte() {
 
 #[tokio::test]
 async fn failures_before_the_first_byte_are_retried_elsewhere() {
-    let (mut pods, port) = pods(3).await;
-    let d = deployment(
-        &pods.iter().map(|p| p.pod()).collect::<Vec<_>>(),
-        Tenancy::Open,
-        &[],
-    );
-    let gw = TestGateway::start(settings(port), Fleet::new(vec![d], true), 8).await;
+    let (mut pods, gw) = open_fleet(3).await;
     let url = gw.url("/v1/chat/completions");
     let (_, h, _) = post(&url, &chat("pinned", false), None).await;
     let home = pod_of(&h);
@@ -158,13 +158,7 @@ async fn failures_before_the_first_byte_are_retried_elsewhere() {
 
 #[tokio::test]
 async fn a_broken_connection_is_retried_once_and_only_while_its_pod_lives() {
-    let (pods, port) = pods(3).await;
-    let d = deployment(
-        &pods.iter().map(|p| p.pod()).collect::<Vec<_>>(),
-        Tenancy::Open,
-        &[],
-    );
-    let gw = TestGateway::start(settings(port), Fleet::new(vec![d], true), 8).await;
+    let (pods, gw) = open_fleet(3).await;
     let url = gw.url("/v1/chat/completions");
     let (_, h, _) = post(&url, &chat("pinned", false), None).await;
     let home = pod_of(&h);
@@ -221,13 +215,7 @@ async fn a_broken_connection_is_retried_once_and_only_while_its_pod_lives() {
 
 #[tokio::test]
 async fn nothing_is_retried_once_streaming_and_a_dying_stream_ends_with_an_error_event() {
-    let (pods, port) = pods(2).await;
-    let d = deployment(
-        &pods.iter().map(|p| p.pod()).collect::<Vec<_>>(),
-        Tenancy::Open,
-        &[],
-    );
-    let gw = TestGateway::start(settings(port), Fleet::new(vec![d], true), 8).await;
+    let (pods, gw) = open_fleet(2).await;
     let url = gw.url("/v1/chat/completions");
     for p in &pods {
         p.set(Mode::DieMidStream);

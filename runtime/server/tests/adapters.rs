@@ -10,7 +10,6 @@ use modelfleet_runtime::gen_adapter::gen_adapter;
 use serde_json::{Value, json};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 const ADMIN: &str = "admin-secret";
 
@@ -262,17 +261,6 @@ fn common_copy(from: &Path, to: &Path) {
     }
 }
 
-fn wait_ready(s: &common::Server) {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(60) {
-        if http(s.port, "GET", "/ready", &[], "").0 == 200 {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("not ready in 60 s");
-}
-
 #[test]
 fn start_up_adapters_gate_ready_and_evicted_adapters_reload_verified() {
     let s = common::start(&["--max-loras", "1", "--max-cpu-loras", "1"], |dir| {
@@ -294,7 +282,7 @@ fn start_up_adapters_gate_ready_and_evicted_adapters_reload_verified() {
         ]);
         flags
     });
-    wait_ready(&s);
+    common::wait_ready(&s);
     let mut states = listed(&s);
     states.sort();
     // One memory slot: whichever of the two (loaded side by side) finished last evicted the other; the

@@ -29,9 +29,7 @@ const CONCURRENCY: usize = 4;
 const INPUT_BUDGET: Duration = Duration::from_secs(30);
 
 fn tenants(dir: &std::path::Path) -> Vec<String> {
-    let path = dir.join("tenants.yaml");
-    std::fs::write(&path, format!("tenants:\n- id: fuzzer\n  apiKeys: [\"{KEY}\"]\n")).unwrap();
-    vec!["--tenants".into(), path.display().to_string()]
+    common::tenants_file(dir, &[("fuzzer", KEY)])
 }
 
 /// The recorded regressions: `{"path": …, "body": …}` files.
@@ -79,32 +77,15 @@ async fn hostile_constraints_end_in_an_answer_never_a_crash() {
                 .as_secs()
         });
     println!("fuzz: seed {seed}, {seconds} s");
-    let dir = tempfile::tempdir().unwrap();
-    let server = common::Launch::model(
-        dir,
-        common::smollm2_gguf(),
-        "smollm2",
-        &["--threads", "2", "--max-num-seqs", "8", "--max-model-len", "1024"],
-    )
-    .start(tenants);
+    let server = common::Launch::smollm2(&[]).start(tenants);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::builder()
         .timeout(INPUT_BUDGET * 2)
         .build()
         .unwrap();
     let base = server.base();
+    common::wait_ready(&server);
     let t0 = Instant::now();
-    while http
-        .get(format!("{base}/ready"))
-        .send()
-        .await
-        .map(|r| r.status().as_u16())
-        .ok()
-        != Some(200)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(120), "not ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 
     // `MODELFLEET_FUZZ_ONLY=s1,s2`: those seeds alone, one at a time, timed (to find a slow input).
     if let Ok(only) = std::env::var("MODELFLEET_FUZZ_ONLY") {

@@ -23,15 +23,7 @@ const KEY_A: &str = "sk-poisoner-1";
 const KEY_B: &str = "sk-bystander-1";
 
 fn tenants(dir: &std::path::Path) -> Vec<String> {
-    let path = dir.join("tenants.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "tenants:\n- id: poisoner\n  apiKeys: [\"{KEY_A}\"]\n- id: bystander\n  apiKeys: [\"{KEY_B}\"]\n"
-        ),
-    )
-    .unwrap();
-    vec!["--tenants".into(), path.display().to_string()]
+    common::tenants_file(dir, &[("poisoner", KEY_A), ("bystander", KEY_B)])
 }
 
 fn client() -> reqwest::Client {
@@ -182,30 +174,9 @@ fn family() -> Vec<(String, (String, Value), u16)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn poison_constraints_are_answered_in_time_and_the_process_lives() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = common::Launch::model(
-        dir,
-        common::smollm2_gguf(),
-        "smollm2",
-        &["--threads", "2", "--max-num-seqs", "8", "--max-model-len", "1024"],
-    )
-    .start(tenants);
-    let base = server.base();
-    let pid = server.pid();
-    let http = client();
-    // Wait for /ready (the model loaded).
-    let t0 = Instant::now();
-    while http
-        .get(format!("{base}/ready"))
-        .send()
-        .await
-        .map(|r| r.status().as_u16())
-        .ok()
-        != Some(200)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(120), "not ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let server = common::Launch::smollm2(&[]).start(tenants);
+    let (base, pid, http) = (server.base(), server.pid(), client());
+    common::wait_ready(&server);
 
     // The bystander sends requests the whole time.
     let stop = Arc::new(AtomicBool::new(false));

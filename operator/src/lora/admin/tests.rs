@@ -5,8 +5,8 @@ use super::*;
 use crate::labels::ADMIN_PORT;
 use crate::lora::fake::{FakeAdmin, TOKEN};
 
-fn entry(name: &str, digest: &str) -> AdapterEntry {
-    AdapterEntry {
+fn entry(name: &str, digest: &str) -> AdapterSpec {
+    AdapterSpec {
         name: name.into(),
         uri: format!("file:///adapters/{name}"),
         digest: digest.into(),

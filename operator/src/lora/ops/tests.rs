@@ -9,7 +9,7 @@ use futures::StreamExt;
 fn want(kind: Kind, restarts: i32) -> Want {
     Want {
         kind,
-        entry: AdapterEntry {
+        entry: AdapterSpec {
             name: "sql".into(),
             uri: "file:///adapters/sql".into(),
             digest: format!("sha256:{}", "1".repeat(64)),

@@ -42,16 +42,7 @@ pub fn tenants_ref(md: &ModelDeployment) -> Option<SecretRef> {
 
 /// Whether `pod` may take requests now.
 pub fn routable(pod: &KubePod) -> bool {
-    let Some(status) = pod.status.as_ref() else {
-        return false;
-    };
-    pod.metadata.deletion_timestamp.is_none()
-        && status.pod_ip.as_deref().is_some_and(|ip| !ip.is_empty())
-        && status
-            .conditions
-            .iter()
-            .flatten()
-            .any(|c| c.type_ == "Ready" && c.status == "True")
+    modelfleet_crds::pods::routable_ip(pod).is_some()
 }
 
 fn served_name(md: &ModelDeployment) -> String {

@@ -20,7 +20,7 @@
 //! never holds up another adapter.
 
 use super::metrics::LoraMetrics;
-use super::spec::{AdapterSpec, UriPolicy};
+use super::spec::{AdapterSpec, CheckedSpec, UriPolicy};
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::fetch::{FetchError, FetchRequest};
 use modelfleet_engine::lora::{AdapterIdentity, LoraAdapter};

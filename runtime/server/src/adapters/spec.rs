@@ -10,26 +10,12 @@
 
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::fetch::{Source, validate_digest};
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// Most tenants one adapter may list.
 pub const MAX_TENANTS: usize = 256;
 
-/// One adapter to load.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AdapterSpec {
-    /// The name clients put in `model` (the LoraAdapter's `servedName`).
-    pub name: String,
-    /// `file:///…`, `https://…`, `hf://org/repo@revision` (as the runtime's policy allows).
-    pub uri: String,
-    /// The canonical digest the adapter's bytes must have (`sha256:<64 hex>`).
-    pub digest: String,
-    /// Tenant ids that may use it; empty means every tenant of this server.
-    #[serde(default)]
-    pub tenants: Vec<String>,
-}
+pub use crate::api::adapters::AdapterSpec;
 
 /// Where adapters may come from (`--adapter-uri-schemes`, `--adapter-file-roots`).
 #[derive(Clone, Debug)]
@@ -56,10 +42,16 @@ fn is_served_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || b"._/:-".contains(c))
 }
 
-impl AdapterSpec {
-    /// Checks every field, and the source against `policy`; returns the source to read (for `file://`,
-    /// the resolved path that was checked).
-    pub fn validate(&self, base_name: &str, policy: &UriPolicy) -> Result<Source, ApiError> {
+/// The runtime's checks of an [`AdapterSpec`] (the type is shared with the operator, the checks are
+/// the runtime's).
+pub trait CheckedSpec {
+    /// Checks every field, and the source against `policy`; returns the source to read (for
+    /// `file://`, the resolved path that was checked).
+    fn validate(&self, base_name: &str, policy: &UriPolicy) -> Result<Source, ApiError>;
+}
+
+impl CheckedSpec for AdapterSpec {
+    fn validate(&self, base_name: &str, policy: &UriPolicy) -> Result<Source, ApiError> {
         if !is_served_name(&self.name) {
             return Err(invalid(
                 "name",

@@ -12,28 +12,16 @@
 
 use super::registry::Registry;
 use super::spec::AdapterSpec;
-use serde::Deserialize;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// The file's shape: `{"adapters": [{"name", "uri", "digest", "tenants"}]}`.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-pub struct AdaptersFile {
-    /// Adapters to load.
-    #[serde(default)]
-    pub adapters: Vec<AdapterSpec>,
-}
+pub use crate::api::adapters::AdaptersFile;
 
-/// Reads `path` (JSON).
+/// Reads `path` (JSON; empty: no adapters).
 pub fn read(path: &Path) -> anyhow::Result<AdaptersFile> {
-    let text = std::fs::read_to_string(path)?;
-    if text.trim().is_empty() {
-        return Ok(AdaptersFile::default());
-    }
-    Ok(serde_json::from_str(&text)?)
+    Ok(AdaptersFile::parse(&std::fs::read_to_string(path)?)?)
 }
 
 /// How the list is loaded (serve flags).

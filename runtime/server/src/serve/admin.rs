@@ -83,55 +83,52 @@ async fn list(State(a): State<Arc<Admin>>, headers: HeaderMap) -> Response {
 
 /// `POST /v1/faults/engine-panic`: makes the engine's step loop panic, as a bug would (for tests and
 /// chaos drills). 404 unless the server runs with `--enable-fault-injection`.
-async fn inject_panic(State(a): State<Arc<Admin>>, headers: HeaderMap) -> Response {
-    if let Err(e) = check(&a, &headers) {
-        return e.into_response();
-    }
+async fn inject_panic(State(a): State<Arc<Admin>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    faults_allowed(&a, &headers)?;
+    a.st.engine.inject_panic();
+    Ok((StatusCode::ACCEPTED, "the engine will panic at its next step").into_response())
+}
+
+/// The token checked out and the server runs with `--enable-fault-injection` (else 404).
+fn faults_allowed(a: &Admin, headers: &HeaderMap) -> Result<(), ApiError> {
+    check(a, headers)?;
     if !a.st.fault_injection {
-        return ApiError::new(
+        return Err(ApiError::new(
             ApiErrorKind::NotFound,
             "fault injection is off (--enable-fault-injection)",
-        )
-        .into_response();
+        ));
     }
-    a.st.engine.inject_panic();
-    (StatusCode::ACCEPTED, "the engine will panic at its next step").into_response()
+    Ok(())
 }
 
 /// `POST /v1/faults/abort-on {"marker": "…"}`: the process aborts (SIGABRT, as a stack overflow would)
 /// on the next request whose body contains the marker, before validating it. 404 unless the server
 /// runs with `--enable-fault-injection`.
-async fn arm_abort(State(a): State<Arc<Admin>>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = check(&a, &headers) {
-        return e.into_response();
-    }
-    if !a.st.fault_injection {
-        return ApiError::new(
-            ApiErrorKind::NotFound,
-            "fault injection is off (--enable-fault-injection)",
-        )
-        .into_response();
-    }
+async fn arm_abort(
+    State(a): State<Arc<Admin>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    faults_allowed(&a, &headers)?;
     let marker = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|v| v["marker"].as_str().map(str::to_owned))
         .filter(|m| !m.is_empty() && m.len() <= super::faults::MAX_MARKER_BYTES);
     let Some(marker) = marker else {
-        return ApiError::invalid(
+        return Err(ApiError::invalid(
             "marker",
             format!(
                 "`marker` must be a string of 1 to {} bytes",
                 super::faults::MAX_MARKER_BYTES
             ),
-        )
-        .into_response();
+        ));
     };
     a.st.faults.arm_abort(&marker);
-    (
+    Ok((
         StatusCode::ACCEPTED,
         "the process will abort on the next request carrying the marker",
     )
-        .into_response()
+        .into_response())
 }
 
 fn parse_spec(body: &[u8]) -> Result<AdapterSpec, ApiError> {

@@ -67,19 +67,56 @@ fn choice_specs(
     Ok(out)
 }
 
+/// Who is asking and what: the key checked from the headers before a byte of the body is read, then
+/// the body (bounded) parsed strictly off the async workers; with its arrival time.
+async fn read_request<T: Send + 'static>(
+    st: &Arc<AppState>,
+    headers: &HeaderMap,
+    raw: Body,
+    parse: fn(&[u8]) -> Result<T, ApiError>,
+) -> Result<(Arc<crate::tenants::Tenant>, T, Instant), ApiError> {
+    let arrival = Instant::now();
+    let tenant = st.authenticate(headers)?;
+    st.check_open(&tenant)?;
+    let bytes = body::read(raw, st.body).await?;
+    st.faults.check(&bytes, st.termination_log.as_deref());
+    Ok((tenant, prompt::parse(st, bytes, parse).await?, arrival))
+}
+
+/// The SSE answer; a choice's constraint that gave out before its first token names its field.
+async fn streamed(
+    st: Arc<AppState>,
+    job: &generate::JobSpec,
+    running: Vec<generate::Running>,
+    flavor: Flavor,
+    include_usage: bool,
+    field: Option<&str>,
+) -> Result<Response, ApiError> {
+    let who = (job.tenant.id.clone(), job.model.clone());
+    stream_response(st, who, running, flavor, include_usage)
+        .await
+        .map_err(|e| structured::name_field(e, field))
+}
+
+/// Every choice to its end; a constraint that gave out before the first token names its field.
+async fn collected(
+    st: &AppState,
+    job: &generate::JobSpec,
+    running: Vec<generate::Running>,
+    field: Option<&str>,
+) -> Result<generate::Collected, ApiError> {
+    generate::collect(st, &job.tenant.id, running)
+        .await
+        .map_err(|e| structured::name_field(e, field))
+}
+
 /// `POST /v1/chat/completions`: validate, render the template and tokenize, submit, answer.
 pub async fn chat(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, ApiError> {
-    let arrival = Instant::now();
-    // The key is checked from the headers before a byte of the body is read.
-    let tenant = st.authenticate(&headers)?;
-    st.check_open(&tenant)?;
-    let bytes = body::read(raw, st.body).await?;
-    st.faults.check(&bytes, st.termination_log.as_deref());
-    let req = prompt::parse(&st, bytes, wire::parse_chat).await?;
+    let (tenant, req, arrival) = read_request(&st, &headers, raw, wire::parse_chat).await?;
     let ValidChat { v, plan } = validate::chat(&st, tenant, &req, arrival).await?;
     let md = st.model().clone();
     let renders_tools = md.chat_template.as_ref().is_some_and(|t| t.renders_tools());
@@ -104,14 +141,9 @@ pub async fn chat(
             with_logprobs,
             with_tools,
         };
-        let who = (job.tenant.id.clone(), job.model.clone());
-        return stream_response(st, who, running, flavor, v.include_usage)
-            .await
-            .map_err(|e| structured::name_field(e, field.as_deref()));
+        return streamed(st, &job, running, flavor, v.include_usage, field.as_deref()).await;
     }
-    let done = generate::collect(&st, &job.tenant.id, running)
-        .await
-        .map_err(|e| structured::name_field(e, field.as_deref()))?;
+    let done = collected(&st, &job, running, field.as_deref()).await?;
     let choices = done
         .keys
         .iter()
@@ -188,13 +220,7 @@ pub async fn completions(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, ApiError> {
-    let arrival = Instant::now();
-    // The key is checked from the headers before a byte of the body is read.
-    let tenant = st.authenticate(&headers)?;
-    st.check_open(&tenant)?;
-    let bytes = body::read(raw, st.body).await?;
-    st.faults.check(&bytes, st.termination_log.as_deref());
-    let mut req = prompt::parse(&st, bytes, wire::parse_completion).await?;
+    let (tenant, mut req, arrival) = read_request(&st, &headers, raw, wire::parse_completion).await?;
     let v = validate::completions(&st, tenant, &req, arrival).await?;
     let wire_prompt = std::mem::replace(&mut req.prompt, Prompt::Texts(Vec::new()));
     let prompts = prompt::completion(&st, wire_prompt, true).await?;
@@ -223,14 +249,9 @@ pub async fn completions(
             with_logprobs,
             echo: running.iter().map(|r| echo[r.prompt_index].clone()).collect(),
         };
-        let who = (job.tenant.id.clone(), job.model.clone());
-        return stream_response(st, who, running, flavor, v.include_usage)
-            .await
-            .map_err(|e| structured::name_field(e, field.as_deref()));
+        return streamed(st, &job, running, flavor, v.include_usage, field.as_deref()).await;
     }
-    let done = generate::collect(&st, &job.tenant.id, running)
-        .await
-        .map_err(|e| structured::name_field(e, field.as_deref()))?;
+    let done = collected(&st, &job, running, field.as_deref()).await?;
     let choices = done
         .keys
         .iter()

@@ -130,12 +130,8 @@ impl Chunks {
     fn opening(&self, i: usize) -> Option<Event> {
         let index = self.keys[i].1;
         match &self.flavor {
-            Flavor::Chat { id, .. } => Some(sse_json(&ChatCompletionChunk {
-                id: id.clone(),
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![ChatChunkChoice {
+            Flavor::Chat { .. } => Some(self.chat_chunk(
+                vec![ChatChunkChoice {
                     index,
                     delta: ChatDelta {
                         role: Some("assistant"),
@@ -145,8 +141,8 @@ impl Chunks {
                     logprobs: None,
                     finish_reason: None,
                 }],
-                usage: None,
-            })),
+                None,
+            )),
             Flavor::Completion { echo, .. } if !echo[i].is_empty() => {
                 Some(self.completion_chunk(index, echo[i].clone(), None, None))
             }
@@ -166,28 +162,20 @@ impl Chunks {
             }
         };
         match &self.flavor {
-            Flavor::Chat {
-                id, with_logprobs, ..
-            } => {
+            Flavor::Chat { with_logprobs, .. } => {
                 let delta = tools::stream_delta(self.parsers[i].as_mut(), &text, finish.is_some());
                 let empty = delta.tool_calls.is_none() && delta.content.as_deref().is_none_or(str::is_empty);
                 if empty && lp.is_none() && finish.is_none() {
                     return None;
                 }
-                Some(sse_json(&ChatCompletionChunk {
-                    id: id.clone(),
-                    object: "chat.completion.chunk",
-                    created: self.created,
-                    model: self.model.clone(),
-                    choices: vec![ChatChunkChoice {
-                        index,
-                        delta,
-                        logprobs: (*with_logprobs && lp.is_some())
-                            .then(|| chat_logprobs(&self.st, lp.as_slice())),
-                        finish_reason: finish.map(|f| tools::finish_reason(self.parsers[i].as_ref(), f)),
-                    }],
-                    usage: None,
-                }))
+                let choice = ChatChunkChoice {
+                    index,
+                    delta,
+                    logprobs: (*with_logprobs && lp.is_some())
+                        .then(|| chat_logprobs(&self.st, lp.as_slice())),
+                    finish_reason: finish.map(|f| tools::finish_reason(self.parsers[i].as_ref(), f)),
+                };
+                Some(self.chat_chunk(vec![choice], None))
             }
             Flavor::Completion { with_logprobs, .. } => {
                 if text.is_empty() && lp.is_none() && finish.is_none() {
@@ -227,14 +215,7 @@ impl Chunks {
         if usage {
             let usage = generate::usage(self.keys.iter().map(|k| k.0).zip(&self.outs));
             out.push(match &self.flavor {
-                Flavor::Chat { id, .. } => sse_json(&ChatCompletionChunk {
-                    id: id.clone(),
-                    object: "chat.completion.chunk",
-                    created: self.created,
-                    model: self.model.clone(),
-                    choices: vec![],
-                    usage: Some(usage),
-                }),
+                Flavor::Chat { .. } => self.chat_chunk(vec![], Some(usage)),
                 Flavor::Completion { id, .. } => sse_json(&Completion {
                     id: id.clone(),
                     object: "text_completion",
@@ -247,6 +228,20 @@ impl Chunks {
         }
         out.push(Event::default().data("[DONE]"));
         out
+    }
+
+    fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<UsageBody>) -> Event {
+        let id = match &self.flavor {
+            Flavor::Chat { id, .. } | Flavor::Completion { id, .. } => id.clone(),
+        };
+        sse_json(&ChatCompletionChunk {
+            id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        })
     }
 
     fn completion_chunk(

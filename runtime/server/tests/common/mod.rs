@@ -95,6 +95,17 @@ impl Launch {
         }
     }
 
+    /// The real SmolLM2-135M-Instruct (Q4_1) served as `smollm2` on 2 threads, 8 sequences and a context
+    /// of 1,024 tokens, with `extra`.
+    pub fn smollm2(extra: &[&str]) -> Self {
+        let args: Vec<&str> = ["--threads", "2", "--max-num-seqs", "8", "--max-model-len", "1024"]
+            .iter()
+            .chain(extra)
+            .copied()
+            .collect();
+        Self::model(tempfile::tempdir().unwrap(), smollm2_gguf(), "smollm2", &args)
+    }
+
     /// The tiny generated model, one thread, and `extra`.
     pub fn tiny(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -190,6 +201,29 @@ fn wait_healthy(s: &Server) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("the server did not become healthy in 60 s");
+}
+
+/// Waits until `/ready` answers 200 (the model loaded, the start-up adapters settled).
+pub fn wait_ready(s: &Server) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(120) {
+        if http(s.port, "GET", "/ready", &[], "").0 == 200 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("not ready in 120 s");
+}
+
+/// A tenants file in `dir` with one key per `(tenant, key)`, as `--tenants` flags.
+pub fn tenants_file(dir: &Path, tenants: &[(&str, &str)]) -> Vec<String> {
+    let path = dir.join("tenants.yaml");
+    let mut text = String::from("tenants:\n");
+    for (id, key) in tenants {
+        text.push_str(&format!("- id: {id}\n  apiKeys: [\"{key}\"]\n"));
+    }
+    std::fs::write(&path, text).unwrap();
+    vec!["--tenants".into(), path.display().to_string()]
 }
 
 /// A blocking HTTP request with curl-free std networking: returns (status, body).

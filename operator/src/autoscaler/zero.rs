@@ -13,9 +13,9 @@
 //! the first reading of the gateway's counter cannot show that nothing arrived, so the window starts at
 //! the second; the gateway only exports demand — the operator alone writes `status.desiredReplicas`.
 
-use super::Context;
-use crate::autoscaler::decide::{Decision, Sample};
-use crate::autoscaler::gateway::{Demand, read_demand};
+use super::decide::{Decision, Sample};
+use super::gateway::{Demand, read_demand};
+use crate::config::GatewayPods;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -80,27 +80,24 @@ pub fn apply_idle_window(
 }
 
 fn ready_ip(p: &Pod) -> Option<String> {
-    let status = p.status.as_ref()?;
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    (ready && p.metadata.deletion_timestamp.is_none())
-        .then(|| status.pod_ip.clone())
-        .flatten()
+    modelfleet_crds::pods::routable_ip(p).map(str::to_owned)
 }
 
 /// Reads the gateway's demand for `ns/name` from every Ready gateway pod (none: zero demand).
-pub async fn demand(ctx: &Context, ns: &str, name: &str) -> Result<Demand, String> {
-    let g = &ctx.cfg.gateway;
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &g.namespace);
+pub async fn demand(
+    http: &reqwest::Client,
+    client: &kube::Client,
+    g: &GatewayPods,
+    ns: &str,
+    name: &str,
+) -> Result<Demand, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &g.namespace);
     let list = pods
         .list(&ListParams::default().labels(&g.selector))
         .await
         .map_err(|e| format!("listing gateway pods in {}: {e}", g.namespace))?;
     let ips: Vec<String> = list.items.iter().filter_map(ready_ip).collect();
-    read_demand(&ctx.http, &ips, g.metrics_port, ns, name).await
+    read_demand(http, &ips, g.metrics_port, ns, name).await
 }
 
 #[cfg(test)]
