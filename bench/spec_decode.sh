@@ -66,8 +66,8 @@ import json, sys
 out = sys.argv[1]
 # Source files of this repository, cut to ~500 tokens (about 1,800 characters of code), each with an
 # identifier to rename.
-files = [("runtime/engine/src/spec/ngram.rs", "propose", "lookup"),
-         ("runtime/engine/src/spec/gate.rs", "backoff", "pause"),
+files = [("runtime/engine/src/speculative/ngram.rs", "propose", "lookup"),
+         ("runtime/engine/src/speculative/gate.rs", "backoff", "pause"),
          ("runtime/engine/src/kv/block_pool.rs", "allocate", "take"),
          ("runtime/engine/src/stop.rs", "pending", "held")]
 edit = []

@@ -365,6 +365,7 @@ async fn the_operator_cannot_patch_secrets_and_namespaced_rbac_stays_in_its_name
             &version,
         ])
         .args(["--set", &format!("watchNamespaces={{{}}}", ns.name)])
+        .args(["--set", &format!("image.registry={}", registry())])
         .args(["--show-only", "templates/rbac.yaml"])
         .output()
         .expect("helm on PATH");

@@ -252,11 +252,6 @@ impl<K: Kernels> Engine<K> {
         }
     }
 
-    /// Adapters currently uploaded to the backend.
-    pub fn resident_loras(&self) -> usize {
-        self.loras.len()
-    }
-
     /// The context limit in force.
     pub fn max_model_len(&self) -> usize {
         self.max_model_len

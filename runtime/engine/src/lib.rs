@@ -14,7 +14,7 @@
 //! - [`sampling`]: parameter validation, logits processors, greedy/seeded sampling with logprobs.
 //! - [`constraint`]: structured output — JSON schema, regex, choice and Lark grammars compiled with
 //!   llguidance over our tokenizer's token trie (cached per model), masks applied while decoding.
-//! - [`spec`]: speculative decoding — n-gram and draft-model proposers, the exact verifier, the
+//! - [`speculative`]: speculative decoding — n-gram and draft-model proposers, the exact verifier, the
 //!   gates that skip speculation when it does not pay.
 //! - [`stop`]: stop conditions and the hold-back buffer for stop strings.
 //! - [`sequence`]: one request's generation state (sampler RNG, penalties, stop checker, detokenizer)
@@ -38,7 +38,7 @@ mod model_dir;
 pub mod sampling;
 pub mod sched;
 pub mod sequence;
-pub mod spec;
+pub mod speculative;
 pub mod stop;
 pub mod tokenizer;
 

@@ -11,7 +11,7 @@
 //! Speculative decoding goes through the same per-token path: [`Sequence::verify`] shapes each
 //! verification row exactly as [`Sequence::step`] shapes its one row (same processors, same grammar
 //! mask, same history, the grammar advanced token by token as drafts are accepted), checks the draft
-//! with [`crate::spec::verify`], and commits through the same stop checks — so stops, `max_tokens`, stop
+//! with [`crate::speculative::verify`], and commits through the same stop checks — so stops, `max_tokens`, stop
 //! strings, EOS and a completed grammar inside an accepted run end it exactly where ordinary decoding
 //! would, and nothing uncommitted ever touches the state. A draft model's proposal for a constrained
 //! request is masked by the grammar advanced along the drafts so far and then rolled back
@@ -30,7 +30,7 @@ use crate::error::Result;
 use crate::sampling::{
     SampleOutput, Shaped, TokenHistory, ValidSamplingParams, draw, processors, report, sample_with, shape,
 };
-use crate::spec::verify::{Rule, verify};
+use crate::speculative::verify::{Rule, verify};
 use crate::stop::{FinishReason, StopStrings};
 use crate::tokenizer::{IncrementalDetokenizer, Tokenizer};
 use rand::{RngExt, SeedableRng};

@@ -30,5 +30,4 @@ pub mod logging;
 pub mod metrics;
 pub mod plan;
 pub mod serve;
-pub mod spec_metrics;
 pub use modelfleet_api::tenants;

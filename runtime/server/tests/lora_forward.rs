@@ -13,7 +13,7 @@ use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sched::{
     EngineHandle, QueueLimits, Request, RequestEvent, RequestStream, SchedulerConfig, TenantLimits,
 };
-use modelfleet_engine::spec::SpecConfig;
+use modelfleet_engine::speculative::SpecConfig;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
 use modelfleet_runtime::gen_adapter::gen_adapter;
 use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};

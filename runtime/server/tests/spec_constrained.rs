@@ -19,8 +19,8 @@ use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sched::{
     EngineHandle, Finished, QueueLimits, Request, RequestEvent, RequestStream, SchedulerConfig, TenantLimits,
 };
-use modelfleet_engine::spec::SpecConfig;
-use modelfleet_engine::spec::SpecCounters;
+use modelfleet_engine::speculative::SpecConfig;
+use modelfleet_engine::speculative::SpecCounters;
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
 use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};

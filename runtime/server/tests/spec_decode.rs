@@ -19,8 +19,8 @@ use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sched::{
     EngineHandle, Finished, QueueLimits, Request, RequestEvent, RequestStream, SchedulerConfig, TenantLimits,
 };
-use modelfleet_engine::spec::stats::homogeneity;
-use modelfleet_engine::spec::{Rule, SpecConfig};
+use modelfleet_engine::speculative::stats::homogeneity;
+use modelfleet_engine::speculative::{Rule, SpecConfig};
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
 use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
@@ -377,7 +377,7 @@ fn sampled_marginals_match_speculation_off_and_the_wrong_verifier_is_detected() 
     // The negative control runs on the draft-model arm: there the wrong rule moves a large share of the
     // mass. N-gram drafts of this random model are accepted rarely (~5%: its sampled tokens seldom
     // continue the prompt), too rarely for the wrong rule's bias to show at this N; the verifier's unit
-    // tests (spec::verify) carry the point-mass negative control.
+    // tests (speculative::verify) carry the point-mass negative control.
     // Every proposal is verified (no cost gate): these drafts are rarely accepted, and the gate would
     // rightly stop most of them.
     let every = |spec: SpecConfig| SpecConfig {

@@ -71,12 +71,6 @@ impl<P: BlockPool> KvCacheManager<P> {
         Ok(&self.tables.entry(req).or_default().blocks)
     }
 
-    /// Blocks a request would need to grow its table to `num_tokens` tokens.
-    pub fn blocks_needed(&self, req: RequestId, num_tokens: usize) -> usize {
-        let have = self.tables.get(&req).map_or(0, |t| t.blocks.len());
-        num_tokens.div_ceil(self.block_size).saturating_sub(have)
-    }
-
     /// `req`'s block table (empty if it has none).
     pub fn block_table(&self, req: RequestId) -> &[BlockId] {
         self.tables.get(&req).map_or(&[], |t| t.blocks.as_slice())

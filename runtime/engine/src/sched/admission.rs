@@ -234,11 +234,6 @@ impl AdmissionGate {
         self.lock().closed = true;
     }
 
-    /// Whether [`close`](Self::close) was called.
-    pub fn is_closed(&self) -> bool {
-        self.lock().closed
-    }
-
     /// Requests waiting and their prompt tokens.
     pub fn queued(&self) -> (usize, usize) {
         let c = self.lock();

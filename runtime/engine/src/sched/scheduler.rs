@@ -17,11 +17,11 @@
 //! With speculative decoding configured, a running request in decode state may be granted `1 + k`
 //! positions — its last sampled token and `k` drafts — counted in the token budget and allocated like
 //! any grant; `update` verifies them and truncates the table back to the accepted tokens (see
-//! [`spec`](self::spec)).
+//! [`speculative`](self::speculative)).
 //!
 //! Invariants (checked by `check_invariants` in the randomized test):
-//! - every live request is either waiting (in the fair queue, no blocks) or running (a block table
-//!   covering `num_computed` tokens, at most one partly filled block) — never both;
+//! - every live request is in one [`Phase`]: waiting or preempted (in the fair queue, no blocks) or
+//!   running (a block table covering `num_computed` tokens, at most one partly filled block);
 //! - `free uncached + in use + cached == total` blocks, and blocks in use are exactly those in tables;
 //! - a request's blocks are freed, and its admission counts released, in the step it ends;
 //! - each live request gets exactly one `Finished` event, and nothing after it.
@@ -33,10 +33,10 @@ use crate::kv::{BlockHash, BlockPool, HashExtras, KvCacheManager, PrefixCachingP
 use crate::lora::LoraAdapter;
 use crate::model::{Logits, LogitsRows, SeqInput};
 use crate::sequence::{DraftToken, Sequence};
-use crate::spec::cost::StepCost;
-use crate::spec::draft::DraftKv;
-use crate::spec::gate::AcceptanceGate;
-use crate::spec::{SpecConfig, SpecCounters};
+use crate::speculative::cost::StepCost;
+use crate::speculative::draft::DraftKv;
+use crate::speculative::gate::AcceptanceGate;
+use crate::speculative::{SpecConfig, SpecCounters};
 use crate::stop::FinishReason;
 use crate::tokenizer::Tokenizer;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -140,13 +140,24 @@ struct Entry {
     hashes: Vec<BlockHash>,
     seq: Sequence,
     events: EventSender,
-    running: bool,
-    started: bool,
+    phase: Phase,
     cached_tokens: usize,
     deadline: Option<Instant>,
     timings: Timings,
     /// Speculative decoding state.
     spec: SpecState,
+}
+
+/// Where a request is in its life (vLLM's `RequestStatus`): every live request is in exactly one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// In its tenant's queue, never scheduled: admission still counts its prompt as queued.
+    Waiting,
+    /// Holds a block table and is scheduled every step.
+    Running,
+    /// Was running, gave its blocks up to another request and waits in its tenant's queue to be
+    /// recomputed.
+    Preempted,
 }
 
 /// A request's speculative decoding state.
@@ -198,7 +209,7 @@ pub struct Scheduler {
     spec_counters: SpecCounters,
     /// The draft model's block tables, when speculating with a draft model.
     draft_kv: Option<DraftKv>,
-    /// Measured step costs: whether a step's drafts pay (`spec::cost`).
+    /// Measured step costs: whether a step's drafts pay (`speculative::cost`).
     step_cost: StepCost,
 }
 
@@ -392,7 +403,7 @@ impl Scheduler {
                 running: 0,
                 waiting: 0,
             });
-            if e.running {
+            if e.phase == Phase::Running {
                 c.running += 1;
             } else {
                 c.waiting += 1;
@@ -487,7 +498,7 @@ impl Scheduler {
         let Some(e) = self.entries.remove(&id) else {
             return;
         };
-        if e.running {
+        if e.phase == Phase::Running {
             self.running.retain(|r| *r != id);
             self.queue.left_batch(&e.tenant);
         } else {
@@ -500,7 +511,7 @@ impl Scheduler {
         if let Some(d) = e.deadline {
             self.deadlines.remove(&(d, id));
         }
-        self.gate.left(&e.tenant, e.prompt_len, !e.started);
+        self.gate.left(&e.tenant, e.prompt_len, e.phase == Phase::Waiting);
         self.queue.gc();
         let mut timings = e.timings;
         timings.finished = Instant::now();
@@ -535,8 +546,12 @@ impl Scheduler {
         let mut holders: HashMap<u32, u32> = HashMap::new();
         for (id, e) in &self.entries {
             let table = self.kv.block_table(*id);
-            assert_eq!(e.running, self.running.contains(id), "request {id} state");
-            if e.running {
+            assert_eq!(
+                e.phase == Phase::Running,
+                self.running.contains(id),
+                "request {id} state"
+            );
+            if e.phase == Phase::Running {
                 assert_eq!(table.len(), e.num_computed.div_ceil(bs), "request {id}'s table");
             } else {
                 assert!(table.is_empty(), "waiting request {id} holds blocks");
@@ -571,8 +586,8 @@ impl Scheduler {
 }
 
 mod queue;
-mod spec;
+mod speculative;
 #[cfg(test)]
-mod spec_tests;
+mod speculative_tests;
 #[cfg(test)]
 mod tests;

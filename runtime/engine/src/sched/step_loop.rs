@@ -23,7 +23,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::kv::{BlockPool, RequestId};
 use crate::model_dir::ModelDir;
-use crate::spec::{SpecCounters, SpecMethod};
+use crate::speculative::{SpecCounters, SpecMethod};
 use crate::stop::FinishReason;
 use modelfleet_kernels::Kernels;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -84,13 +84,6 @@ pub struct Stats {
     pub draft_seconds: f64,
     /// Draft-model KV blocks held by live requests.
     pub draft_blocks_in_use: usize,
-}
-
-impl Stats {
-    /// KV usage as the metric defines it: blocks held by live requests ÷ total.
-    pub fn kv_usage(&self) -> f64 {
-        self.kv_blocks_in_use as f64 / self.kv_blocks_total.max(1) as f64
-    }
 }
 
 /// A request's events; dropping it before the end aborts the request.

@@ -8,6 +8,7 @@
 //! a finished request is counted once, here, in ours and vLLM's alike ([`RuntimeMetrics::finished`]).
 
 use modelfleet_api::metric_names as names;
+pub mod speculative;
 pub mod steps;
 pub mod vllm;
 

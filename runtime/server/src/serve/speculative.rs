@@ -10,7 +10,7 @@
 //! a vLLM option we do not implement is never silently ignored.
 
 use anyhow::{Context, bail};
-use modelfleet_engine::spec::{SpecConfig, SpecMethod, gate::DEFAULT_MIN_ACCEPTANCE};
+use modelfleet_engine::speculative::{SpecConfig, SpecMethod, gate::DEFAULT_MIN_ACCEPTANCE};
 use serde::Deserialize;
 use std::path::PathBuf;
 

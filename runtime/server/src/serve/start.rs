@@ -134,7 +134,7 @@ pub async fn build_state(
     let name = cfg.served_name.clone();
     let st = Arc::new(AppState {
         grammars: structured::grammars(engine.model_dir()).await,
-        spec_metrics: crate::spec_metrics::SpecMetrics::new(metrics.registry(), &name),
+        spec_metrics: crate::metrics::speculative::SpecMetrics::new(metrics.registry(), &name),
         step_metrics: crate::metrics::steps::StepMetrics::new(metrics.registry(), &name),
         adapters: Arc::new(registry),
         adapters_ready: Default::default(),

@@ -58,7 +58,7 @@ pub struct AppState {
     /// Permits for template rendering and tokenizing on the blocking pool.
     pub prompt_work: super::prompt::PromptWork,
     /// Speculative decoding counters.
-    pub spec_metrics: crate::spec_metrics::SpecMetrics,
+    pub spec_metrics: crate::metrics::speculative::SpecMetrics,
     /// Where the step loop's time goes.
     pub step_metrics: crate::metrics::steps::StepMetrics,
 }

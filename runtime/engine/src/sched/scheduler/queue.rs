@@ -48,8 +48,7 @@ impl Scheduler {
             hashes: Vec::new(),
             seq,
             events,
-            running: false,
-            started: false,
+            phase: Phase::Waiting,
             cached_tokens: 0,
             deadline,
             spec: SpecState::default(),
@@ -156,7 +155,7 @@ impl Scheduler {
         }
         let e = self.entries.get_mut(&id).expect("running entry");
         e.spec.drafts.clear();
-        e.running = false;
+        e.phase = Phase::Preempted;
         e.num_computed = 0;
         e.timings.preemptions += 1;
         self.queue.left_batch(&e.tenant);
@@ -206,13 +205,12 @@ impl Scheduler {
                 continue;
             }
             let e = self.entries.get_mut(&id).expect("queued entry");
-            if !e.started {
-                e.started = true;
+            if e.phase == Phase::Waiting {
                 e.cached_tokens = computed;
                 e.timings.first_scheduled = Some(now);
                 self.gate.started(&tenant, e.prompt_len);
             }
-            e.running = true;
+            e.phase = Phase::Running;
             e.num_computed = computed;
             self.counters.prefix_query_tokens += total as u64;
             self.counters.prefix_hit_tokens += computed as u64;

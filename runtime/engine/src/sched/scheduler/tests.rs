@@ -467,7 +467,7 @@ fn long_prompts_are_charged_so_tokens_served_stay_even() {
         let waiting =
             h.s.entries
                 .values()
-                .filter(|e| e.tenant == t && !e.running)
+                .filter(|e| e.tenant == t && e.phase != Phase::Running)
                 .count();
         assert!(waiting > 0, "tenant {t} is still backlogged");
     }

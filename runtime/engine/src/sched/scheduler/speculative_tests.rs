@@ -9,7 +9,7 @@ use crate::kv::BlockId;
 use crate::sampling::SamplingParams;
 use crate::sched::admission::{QueueLimits, TenantLimits};
 use crate::sched::request::{EventReceiver, RequestEvent};
-use crate::spec::SpecConfig;
+use crate::speculative::SpecConfig;
 use crate::tokenizer::test_tokenizer;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -73,7 +73,7 @@ fn fake(spec: Option<SpecConfig>, blocks: usize, bs: usize, budget: usize) -> Fa
         speculative: spec,
     };
     let mut s = Scheduler::new(cfg, blocks, bs, 4096, vec![EOS], gate.clone());
-    if spec.is_some_and(|c| c.method == crate::spec::SpecMethod::DraftModel) {
+    if spec.is_some_and(|c| c.method == crate::speculative::SpecMethod::DraftModel) {
         s.attach_draft_kv(blocks + 8);
     }
     Fake {

@@ -5,7 +5,7 @@
 //! repeats its context (editing, code, summaries that quote, retrieval-augmented answers).
 //!
 //! Its proposals are point masses: verification accepts a drafted token exactly when the token the
-//! target samples at that position is the draft (see `spec::verify`).
+//! target samples at that position is the draft (see `speculative::verify`).
 
 /// Up to `k` tokens continuing `tokens` (prompt then output), or none when no suffix of `min..=max`
 /// tokens occurred earlier.

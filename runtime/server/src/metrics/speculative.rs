@@ -13,7 +13,7 @@
 //! both names of a quantity always carry the same value.
 
 use modelfleet_api::metric_names as names;
-use modelfleet_engine::spec::SpecCounters;
+use modelfleet_engine::speculative::SpecCounters;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// One quantity under both names.

@@ -10,7 +10,7 @@
 //!
 //! Beside the rate, the gate keeps the sequence's per-token acceptance (the chance that a draft is
 //! accepted given the drafts before it were, from decayed counts of accepted tokens and rejections),
-//! which the step-cost model (`spec::cost`) prices each draft position with.
+//! which the step-cost model (`speculative::cost`) prices each draft position with.
 //!
 //! Invariants: the per-sequence gate depends only on the sequence's own history (so a seeded request
 //! makes the same decisions alone or batched); steps without a proposal (nothing to look up) neither

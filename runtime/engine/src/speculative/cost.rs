@@ -15,7 +15,7 @@
 //! prompt the first time).
 //!
 //! Each draft position is worth its chance of being accepted: the j-th draft of a sequence whose
-//! per-token acceptance is α (`spec::gate`, starting from the deployment's figure, [`StepCost::prior`])
+//! per-token acceptance is α (`speculative::gate`, starting from the deployment's figure, [`StepCost::prior`])
 //! yields a token with probability α^j. [`StepCost::choose`] takes the positions of all sequences in
 //! order of that worth, each when it raises the step's expected tokens per second — a position worth v
 //! costing c pays when v > (tokens so far ÷ seconds so far) × c — and keeps them only if the total

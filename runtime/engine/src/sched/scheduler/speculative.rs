@@ -3,7 +3,7 @@
 //!
 //! A request speculates in a step when it is in decode state (exactly one committed token not yet in
 //! the KV cache, and some output), speculation is configured, the step is under
-//! `disable_by_batch_size`, the measured step costs say its drafts pay (`spec::cost`, which may also
+//! `disable_by_batch_size`, the measured step costs say its drafts pay (`speculative::cost`, which may also
 //! keep only the first few; pinned requests skip this check), its own acceptance gate is open, and —
 //! for a draft model — it uses no LoRA adapter (a draft model serves base requests only; n-gram lookup
 //! serves adapter requests too, and their verification runs with their adapter like any of their
@@ -22,10 +22,10 @@
 //! full of accepted tokens are registered in the prefix cache; the draft cache is rolled back alike.
 
 use super::*;
-use crate::spec::cost::Candidate;
-use crate::spec::draft::{DraftRound, DraftWant};
-use crate::spec::gate::step_allows;
-use crate::spec::{SpecMethod, ngram};
+use crate::speculative::cost::Candidate;
+use crate::speculative::draft::{DraftRound, DraftWant};
+use crate::speculative::gate::step_allows;
+use crate::speculative::{SpecMethod, ngram};
 
 /// What one running request may draft this step.
 #[derive(Clone, Copy, Debug, Default)]
@@ -120,7 +120,7 @@ impl Scheduler {
     }
 
     /// Cuts the unpinned wants to the drafts the measured step costs say raise this step's tokens
-    /// per second (`spec::cost`), each priced by its sequence's per-token acceptance.
+    /// per second (`speculative::cost`), each priced by its sequence's per-token acceptance.
     fn keep_drafts_that_pay(&mut self, wants: &mut HashMap<RequestId, SpecWant>) {
         let budget = self.cfg.max_num_batched_tokens;
         let (mut positions, mut decoding) = (0, 0);

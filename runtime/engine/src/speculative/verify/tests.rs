@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::sampling::{SamplingParams, sample_with, shape};
-use crate::spec::stats::{ChiSquare, goodness_of_fit};
+use crate::speculative::stats::{ChiSquare, goodness_of_fit};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
