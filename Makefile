@@ -1,7 +1,8 @@
 # modelfleet — the two commands a newcomer needs:
-#   make up     bring up the local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-#               the process kubelet, Prometheus) built from the official Go modules, with the CRDs and
-#               the operator installed by its Helm chart
+#   make up     bring up the local Kubernetes cluster (etcd, kube-apiserver, kube-controller-manager,
+#               kube-scheduler, one real node: kubelet, kube-proxy, containerd; Prometheus) built from
+#               the official Go modules, with the CRDs, the operator and the gateway installed by the
+#               Helm chart from our images, and a sample model served through the gateway
 #   make test   every test: fmt, clippy, unit + integration tests, and the end-to-end suite
 # `make setup` installs what both need on a fresh Debian machine (called by both).
 

@@ -20,7 +20,7 @@ log() { echo "[build-k8s $(date +%T)] $*" >&2; }
 
 build_kubernetes() {
   local want=()
-  for b in kube-apiserver kube-controller-manager kubectl; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
     [ -x "$BIN/$b" ] || want+=("$b")
   done
   [ ${#want[@]} -eq 0 ] && { log "kubernetes $K8S_VERSION: cached"; return; }
@@ -88,13 +88,35 @@ build_prometheus() {
   mv "$w/bin/prometheus" "$BIN/prometheus"
 }
 
+# containerd 2.x and its runc shim, from the module (Debian's 1.6 lacks the RuntimeConfig RPC the 1.35
+# kubelet asks for, and 1.35 is the last release to support 1.x). Static: no btrfs/devmapper/zfs snapshotters.
+build_containerd() {
+  local want=()
+  for b in containerd containerd-shim-runc-v2 ctr; do
+    [ -x "$MF_NODE_BIN/$b" ] || want+=("$b")
+  done
+  [ ${#want[@]} -eq 0 ] && { log "containerd $CONTAINERD_VERSION: cached"; return; }
+  mkdir -p "$MF_NODE_BIN"
+  local w="$WORK/containerd-$CONTAINERD_VERSION"
+  rm -rf "$w"; mkdir -p "$w"
+  local v="github.com/containerd/containerd/v2/version"
+  for b in "${want[@]}"; do
+    log "building $b $CONTAINERD_VERSION ..."
+    GOBIN="$w/bin" go install -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+      -ldflags "-s -w -X $v.Version=$CONTAINERD_VERSION -X $v.Revision=module" \
+      "github.com/containerd/containerd/v2/cmd/$b@$CONTAINERD_VERSION"
+    mv "$w/bin/$b" "$MF_NODE_BIN/$b"
+  done
+}
+
 what=${1:-all}
 case "$what" in
   kubernetes) build_kubernetes ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
   prometheus) build_prometheus ;;
-  all) build_etcd; build_kubernetes; build_prometheus; build_helm ;;
-  *) echo "usage: $0 [all|kubernetes|etcd|prometheus|helm]" >&2; exit 2 ;;
+  containerd) build_containerd ;;
+  all) build_etcd; build_kubernetes; build_prometheus; build_helm; build_containerd ;;
+  *) echo "usage: $0 [all|kubernetes|etcd|prometheus|helm|containerd]" >&2; exit 2 ;;
 esac
 log "binaries in $BIN"

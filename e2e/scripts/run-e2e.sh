@@ -18,8 +18,13 @@ trap cleanup EXIT
 
 e2e/cluster up
 eval "$(e2e/cluster env)"
+# The node pulls our images from the cluster's registry, by the digests the push prints into
+# dist/helm-values.yaml (the chart values the scenarios install with).
+bash e2e/scripts/push-images.sh
 # --workspace keeps the feature set of `cargo test --workspace`, so nothing is rebuilt; the e2e scenarios
-# are the ignored tests of e2e/tests/*.rs.
+# are the ignored tests of e2e/tests/*.rs, run inside the cluster's network (e2e/cluster exec), where pod
+# IPs and ClusterIPs are reachable.
 targets=()
 for f in e2e/tests/*.rs; do targets+=(--test "$(basename "$f" .rs)"); done
-cargo test --workspace "${targets[@]}" -- --ignored --test-threads=4
+cargo test --workspace "${targets[@]}" --no-run
+e2e/cluster exec -- cargo test --workspace "${targets[@]}" -- --ignored --test-threads=4

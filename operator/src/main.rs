@@ -6,7 +6,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use modelfleet_operator::config::{
-    CacheNamespaces, GatewayPods, ModelCache, OperatorConfig, ServedNameScope, quantity_bytes,
+    GatewayPods, ModelCache, NamespaceSet, OperatorConfig, ServedNameScope, quantity_bytes,
 };
 use modelfleet_operator::scope::Scope;
 use modelfleet_operator::telemetry::{Metrics, init_tracing, router};
@@ -88,6 +88,20 @@ struct RunArgs {
     /// runtime pod as `--adapter-file-roots`). Empty: `file://` adapters are refused.
     #[arg(long, env = "MODELFLEET_ADAPTER_FILE_ROOTS", value_delimiter = ',')]
     adapter_file_roots: Vec<String>,
+    /// Node directories (absolute, comma-separated) mounted read-only at the same path into every
+    /// runtime pod, so `file://` models and adapters under them can be read (hostPath volumes).
+    #[arg(long, env = "MODELFLEET_NODE_FILE_ROOTS", value_delimiter = ',')]
+    node_file_roots: Vec<String>,
+    /// Namespaces whose runtime pods mount the node file roots (comma-separated; `*`: every namespace;
+    /// `team-*`: every namespace starting with `team-`). Others mount none, so the restricted Pod
+    /// Security Standard can be enforced there.
+    #[arg(
+        long,
+        env = "MODELFLEET_NODE_FILE_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "*"
+    )]
+    node_file_namespaces: Vec<String>,
     /// Seconds runtime pods get to drain on SIGTERM.
     #[arg(long, env = "MODELFLEET_TERMINATION_GRACE_SECONDS", default_value_t = 60)]
     termination_grace_seconds: i64,
@@ -185,18 +199,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         } else {
             ModelCache::HostPath(args.model_cache_host_path)
         },
-        model_cache_namespaces: CacheNamespaces::parse(&args.model_cache_namespaces),
+        model_cache_namespaces: NamespaceSet::parse(&args.model_cache_namespaces),
         model_volume_size_limit: quantity("model-volume-size-limit", args.model_volume_size_limit)?,
         adapter_store_size_limit: quantity("adapter-store-size-limit", Some(args.adapter_store_size_limit))?,
         termination_grace_seconds: args.termination_grace_seconds,
         pre_stop_seconds: args.pre_stop_seconds,
         run_as_user: args.runtime_run_as_user,
-        adapter_file_roots: args
-            .adapter_file_roots
-            .into_iter()
-            .map(|r| r.trim().to_string())
-            .filter(|r| !r.is_empty())
-            .collect(),
+        adapter_file_roots: roots(args.adapter_file_roots),
+        node_file_roots: node_roots(args.node_file_roots)?,
+        node_file_namespaces: NamespaceSet::parse(&args.node_file_namespaces),
         gateway: GatewayPods {
             namespace: args
                 .gateway_namespace
@@ -254,4 +265,26 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         modelfleet_operator::lora::run(client, metrics, &identity, &scope),
     );
     Ok(())
+}
+
+/// A comma-separated list's entries, trimmed, without empty ones.
+fn roots(list: Vec<String>) -> Vec<String> {
+    list.into_iter()
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty())
+        .collect()
+}
+
+/// `--node-file-roots`: absolute paths, none of them `/` (that would mount the node's whole tree).
+fn node_roots(list: Vec<String>) -> anyhow::Result<Vec<String>> {
+    let list = roots(list);
+    for r in &list {
+        let trimmed = r.trim_end_matches('/');
+        if !r.starts_with('/') || trimmed.is_empty() || r.split('/').any(|p| p == "..") {
+            anyhow::bail!(
+                "--node-file-roots {r:?}: expected absolute node directories other than / (without ..), e.g. /srv/models"
+            );
+        }
+    }
+    Ok(list)
 }

@@ -45,10 +45,17 @@ pub fn tiny_model(ns: &str) -> (PathBuf, String) {
     (dir, d)
 }
 
-/// A gateway client: requests wait up to `timeout` (a cold start takes a while).
+/// A gateway client: requests wait up to `timeout` (a cold start takes a while). Idle connections are
+/// dropped after 5 s: the gateway closes a keep-alive connection idle for 10 s (its header-read
+/// timeout), and a client that reuses one as it closes sees "connection closed before message
+/// completed" (a race every HTTP/1.1 client has; docs/gateway.md).
 pub fn gateway(timeout: Duration) -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder().timeout(timeout).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .pool_idle_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
 }
 
 /// A chat completion through the gateway: the status, the pod that served, and the body.

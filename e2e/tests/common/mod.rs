@@ -94,6 +94,14 @@ impl TestNamespace {
         kubectl_ok(&["create", "namespace", &name], None);
         TestNamespace { name }
     }
+
+    /// A namespace with exactly this name.
+    pub fn named(name: &str) -> Self {
+        kubectl_ok(&["create", "namespace", name], None);
+        TestNamespace {
+            name: name.to_string(),
+        }
+    }
 }
 
 impl Drop for TestNamespace {
@@ -142,17 +150,50 @@ pub fn gateway_url() -> String {
     std::env::var("MF_GATEWAY_URL").expect("MF_GATEWAY_URL (from e2e/cluster env)")
 }
 
-/// Chart values that run the gateway as the local cluster needs it: one replica, host network, the
-/// ports `e2e/cluster env` names.
+/// Chart values that run the gateway as the local cluster needs it: one replica, its metrics port and
+/// its Service's ClusterIP as `e2e/cluster env` names them (the cluster's forwards dial that address).
 pub fn gateway_values() -> Vec<String> {
-    let port = std::env::var("MF_GATEWAY_PORT").unwrap_or_else(|_| "8080".into());
     let metrics = std::env::var("MF_GATEWAY_METRICS_PORT").unwrap_or_else(|_| "8081".into());
+    let ip = std::env::var("MF_GATEWAY_CLUSTER_IP").expect("MF_GATEWAY_CLUSTER_IP (from e2e/cluster env)");
     [
-        "gateway.image.tag=dev".to_string(),
-        "gateway.hostNetwork=true".into(),
-        "gateway.replicas=1".into(),
-        format!("gateway.port={port}"),
+        "gateway.replicas=1".to_string(),
         format!("gateway.metricsPort={metrics}"),
+        format!("gateway.service.clusterIP={ip}"),
+    ]
+    .into_iter()
+    .flat_map(|v| ["--set".to_string(), v])
+    .collect()
+}
+
+/// Chart values that choose the images: the ones `make images push` pushed to the cluster's registry,
+/// pinned by digest (dist/helm-values.yaml, written by e2e/scripts/push-images.sh).
+pub fn image_values() -> Vec<String> {
+    let values = repo_root().join("dist/helm-values.yaml");
+    assert!(
+        values.exists(),
+        "{} is missing: push the images first (e2e/scripts/push-images.sh)",
+        values.display()
+    );
+    vec!["-f".into(), values.display().to_string()]
+}
+
+/// Chart values for the node's directories the runtime pods read: the digest-keyed model cache (owned
+/// by the runtime's user, as a node's admin would make it) and the scenarios' artifacts.
+pub fn node_dir_values() -> Vec<String> {
+    let cache = cluster_dir().join("model-cache");
+    let artifacts = cluster_dir().join("artifacts");
+    for d in [&cache, &artifacts] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    // The runtime runs as 65532 (the chart's runAsUser): the cache must be its to write.
+    std::os::unix::fs::chown(&cache, Some(65532), Some(65532)).unwrap();
+    [
+        format!("modelCache.hostPath={}", cache.display()),
+        // `file://` models and adapters come from the scenarios' artifacts, mounted read-only, in the
+        // scenarios' namespaces only: elsewhere the restricted standard can be enforced (node.rs).
+        format!("runtime.nodeFileRoots[0]={}", artifacts.display()),
+        "runtime.nodeFileNamespaces[0]=e2e-*".to_string(),
+        format!("runtime.adapterFileRoots[0]={}", artifacts.display()),
     ]
     .into_iter()
     .flat_map(|v| ["--set".to_string(), v])
@@ -202,7 +243,6 @@ pub async fn ensure_operator() {
                 None,
             );
             let chart = repo_root().join("charts/modelfleet");
-            let cache = cluster_dir().join("model-cache");
             let out = std::process::Command::new("helm")
                 .args(["upgrade", "--install", "modelfleet", chart.to_str().unwrap()])
                 .args([
@@ -213,21 +253,10 @@ pub async fn ensure_operator() {
                     "--timeout",
                     "90s",
                 ])
-                // The images by name from the loopback registry; the process kubelet maps each
-                // repository to its local program (e2e/README.md).
-                .args(["--set", &format!("image.registry={}", registry())])
-                .args(["--set", "image.tag=dev", "--set", "runtime.image.tag=dev"])
-                .args(["--set", &format!("modelCache.hostPath={}", cache.display())])
-                // The fleet gateway: one replica on the node's network, at MF_GATEWAY_URL.
+                .args(image_values())
+                .args(node_dir_values())
+                // The fleet gateway: one replica, at MF_GATEWAY_URL.
                 .args(gateway_values())
-                // `file://` LoRA adapters may come from the scenarios' artifacts (lora.rs).
-                .args([
-                    "--set",
-                    &format!(
-                        "runtime.adapterFileRoots[0]={}",
-                        cluster_dir().join("artifacts").display()
-                    ),
-                ])
                 .output()
                 .expect("helm on PATH (eval \"$(e2e/cluster env)\")");
             assert!(
@@ -360,4 +389,51 @@ pub async fn ready_pods(
             Some((p.metadata.name.clone()?, ip))
         })
         .collect()
+}
+
+/// `ctr -n k8s.io ARGS` against the real node's containerd (`MF_CONTAINERD_ADDRESS` from `e2e/cluster
+/// env`): its stdout, or a panic with its stderr.
+pub fn ctr(args: &[&str]) -> String {
+    let address = std::env::var("MF_CONTAINERD_ADDRESS").expect("MF_CONTAINERD_ADDRESS (e2e/cluster env)");
+    let out = Command::new("ctr")
+        .args(["--address", &address, "-n", "k8s.io"])
+        .args(args)
+        .output()
+        .expect("ctr on PATH (e2e/cluster env)");
+    assert!(
+        out.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The host PID of a running container (`containerd://ID` or `ID`), from containerd's task list.
+pub fn container_pid(container_id: &str) -> u32 {
+    let id = container_id.trim_start_matches("containerd://");
+    ctr(&["tasks", "ls"])
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next()? == id).then(|| f.next()?.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("container {id} has no running task"))
+}
+
+/// SIGKILLs a pod's running container, as a crash or the kernel's OOM killer would end it.
+pub fn sigkill_container(pod: &k8s_openapi::api::core::v1::Pod, container: &str) {
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == container))
+        .and_then(|c| c.container_id.clone())
+        .unwrap_or_else(|| panic!("{container} has a container id"));
+    ctr(&[
+        "tasks",
+        "kill",
+        "--signal",
+        "SIGKILL",
+        id.trim_start_matches("containerd://"),
+    ]);
 }

@@ -128,6 +128,27 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
     }
 }
 
+/// The node file roots this ModelDeployment's namespace mounts (none outside `--node-file-namespaces`).
+fn node_file_roots<'a>(md: &ModelDeployment, cfg: &'a OperatorConfig) -> &'a [String] {
+    let ns = md.metadata.namespace.as_deref().unwrap_or_default();
+    if cfg.node_file_namespaces.includes(ns) {
+        &cfg.node_file_roots
+    } else {
+        &[]
+    }
+}
+
+/// The node file roots, read-only at their own paths (`file://` URIs name them as they are on the node).
+fn node_file_mounts<'a>(
+    md: &ModelDeployment,
+    cfg: &'a OperatorConfig,
+) -> impl Iterator<Item = VolumeMount> + 'a {
+    node_file_roots(md, cfg)
+        .iter()
+        .enumerate()
+        .map(|(i, root)| mount(&format!("node-files-{i}"), root, true))
+}
+
 fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: name.into(),
@@ -240,6 +261,7 @@ fn fetch_container(
     if let Some(bytes) = cfg.model_volume_size_limit.as_deref().and_then(quantity_bytes) {
         args.extend(["--max-bytes".to_string(), bytes.to_string()]);
     }
+    mounts.extend(node_file_mounts(md, cfg));
     Container {
         name: name.into(),
         image: Some(image.into()),
@@ -450,6 +472,7 @@ fn runtime_container(
     if draft_model(runtime).is_some() {
         mounts.push(mount("draft-model", DRAFT_DIR, true));
     }
+    mounts.extend(node_file_mounts(md, cfg));
     Container {
         name: RUNTIME_CONTAINER.into(),
         image: Some(image.into()),
@@ -545,6 +568,16 @@ fn volumes(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorConfig) ->
     }
     if draft_model(runtime).is_some() {
         volumes.push(empty_dir("draft-model", cfg.model_volume_size_limit.as_deref()));
+    }
+    for (i, root) in node_file_roots(md, cfg).iter().enumerate() {
+        volumes.push(Volume {
+            name: format!("node-files-{i}"),
+            host_path: Some(HostPathVolumeSource {
+                path: root.clone(),
+                type_: Some("Directory".into()),
+            }),
+            ..Default::default()
+        });
     }
     if let Some(t) = &md.spec.tenants {
         volumes.push(Volume {

@@ -101,7 +101,15 @@ pub fn gen_adapter(
         .iter()
         .map(|(n, s, d)| Ok((n.clone(), TensorView::new(Dtype::F32, s.clone(), d)?)))
         .collect::<Result<_, safetensors::SafeTensorError>>()?;
-    safetensors::serialize_to_file(views, None, &dir.join("adapter_model.safetensors"))?;
+    let weights = dir.join("adapter_model.safetensors");
+    safetensors::serialize_to_file(views, None, &weights)?;
+    // `serialize_to_file` creates the file owner-only; adapters are read by the runtime's own user
+    // (a pod reading a node directory runs as another user than the one that wrote it).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&weights, std::fs::Permissions::from_mode(0o644))?;
+    }
     let config = serde_json::json!({
         "peft_type": "LORA",
         "r": rank,

@@ -196,8 +196,8 @@ fn containers_are_locked_down_and_volumes_bounded() {
 
 #[test]
 fn the_shared_cache_is_mounted_only_in_namespaces_that_opted_in() {
-    use crate::config::CacheNamespaces;
-    let has_cache = |namespaces: CacheNamespaces| {
+    use crate::config::NamespaceSet;
+    let has_cache = |namespaces: NamespaceSet| {
         let cfg = OperatorConfig {
             model_cache_namespaces: namespaces,
             ..Default::default()
@@ -218,10 +218,10 @@ fn the_shared_cache_is_mounted_only_in_namespaces_that_opted_in() {
         assert_eq!(volume, flag);
         volume
     };
-    assert!(!has_cache(CacheNamespaces::None));
-    assert!(!has_cache(CacheNamespaces::Listed(vec!["other".into()])));
-    assert!(has_cache(CacheNamespaces::Listed(vec!["serving".into()])));
-    assert!(has_cache(CacheNamespaces::All));
+    assert!(!has_cache(NamespaceSet::None));
+    assert!(!has_cache(NamespaceSet::Listed(vec!["other".into()])));
+    assert!(has_cache(NamespaceSet::Listed(vec!["serving".into()])));
+    assert!(has_cache(NamespaceSet::All));
 }
 
 #[test]
@@ -235,7 +235,7 @@ fn spec_fields_become_flags_mounts_and_resources() {
     ));
     let cfg = OperatorConfig {
         model_cache: ModelCache::Pvc("models".into()),
-        model_cache_namespaces: crate::config::CacheNamespaces::All,
+        model_cache_namespaces: crate::config::NamespaceSet::All,
         ..Default::default()
     };
     let d = desired_deployment(&md, &cfg, 1);
@@ -509,6 +509,78 @@ fn adapter_file_roots_are_the_operators_setting() {
         args.contains("--adapter-file-roots /srv/adapters,/mnt/shared"),
         "{args}"
     );
+}
+
+#[test]
+fn node_file_roots_are_mounted_read_only_at_their_paths_in_fetch_and_runtime() {
+    let none = desired_deployment(&minimal(), &OperatorConfig::default(), 1);
+    let volumes = pod_spec(&none).volumes.clone().unwrap_or_default();
+    assert!(
+        !volumes.iter().any(|v| v.name.starts_with("node-files")),
+        "no node files mounted unless asked"
+    );
+    let cfg = OperatorConfig {
+        node_file_roots: vec!["/srv/models".into(), "/mnt/adapters".into()],
+        ..Default::default()
+    };
+    let d = desired_deployment(&minimal(), &cfg, 1);
+    let pod = pod_spec(&d);
+    let paths: Vec<(String, String)> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v.name.clone(), v.host_path.as_ref()?.path.clone())))
+        .filter(|(n, _)| n.starts_with("node-files"))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            ("node-files-0".to_string(), "/srv/models".to_string()),
+            ("node-files-1".to_string(), "/mnt/adapters".to_string())
+        ]
+    );
+    let containers = pod.init_containers.iter().flatten().chain(pod.containers.iter());
+    for c in containers {
+        let mounts = c.volume_mounts.as_ref().unwrap();
+        for (i, root) in ["/srv/models", "/mnt/adapters"].iter().enumerate() {
+            let m = mounts
+                .iter()
+                .find(|m| m.name == format!("node-files-{i}"))
+                .unwrap_or_else(|| panic!("{} mounts {root}", c.name));
+            assert_eq!(m.mount_path, *root);
+            assert_eq!(m.read_only, Some(true), "{} mounts {root} read-only", c.name);
+        }
+    }
+}
+
+#[test]
+fn node_file_roots_are_mounted_only_in_the_namespaces_listed() {
+    let with = |entries: &[&str]| OperatorConfig {
+        node_file_roots: vec!["/srv/models".into()],
+        node_file_namespaces: crate::config::NamespaceSet::parse(
+            &entries.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+        ),
+        ..Default::default()
+    };
+    let mounts = |cfg: &OperatorConfig| {
+        let d = desired_deployment(&minimal(), cfg, 1);
+        pod_spec(&d)
+            .volumes
+            .iter()
+            .flatten()
+            .filter(|v| v.host_path.is_some())
+            .count()
+    };
+    // minimal() lives in namespace "serving".
+    for (entries, expected) in [
+        (&["*"][..], 1),
+        (&["serving"][..], 1),
+        (&["serv*"][..], 1),
+        (&["team-*", "other"][..], 0),
+        (&[][..], 0),
+    ] {
+        assert_eq!(mounts(&with(entries)), expected, "{entries:?}");
+    }
 }
 
 #[test]
