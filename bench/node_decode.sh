@@ -2,7 +2,7 @@
 # The runtime's decode throughput in its container on the real node against the same binary run as a
 # host process, with the same model, threads and load, alternating REPS times (docs/benchmarks.md).
 #
-#   MF_NODE=real make up            # the real node, the chart installed from our images
+#   make up                         # the real node, the chart installed from our images
 #   bench/node_decode.sh            # THREADS=2 STREAMS=1 MAX_TOKENS=128 REPS=5
 #
 # The container runs the image's binary (dist/modelfleet-runtime is the same file: make images copies
@@ -13,12 +13,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 eval "$(e2e/cluster env)"
-[ "${MF_NODE:-}" = real ] || { echo "needs the real node: MF_NODE=real make up" >&2; exit 2; }
 THREADS=${THREADS:-2}
 STREAMS=${STREAMS:-1}
 MAX_TOKENS=${MAX_TOKENS:-128}
 REPS=${REPS:-5}
-NS=${NS:-bench-node}
+NS=${NS:-e2e-bench-node}   # under the node file namespaces of both make up and the e2e values
 PORT=${PORT:-18000}
 BIN=dist/modelfleet-runtime
 [ -x "$BIN" ] || { echo "$BIN is missing: make images" >&2; exit 2; }
@@ -28,7 +27,8 @@ mkdir -p "$MF_CLUSTER_DIR/artifacts/$NS"
 GGUF="$MF_CLUSTER_DIR/artifacts/$NS/$(basename "$src")"
 cp -u "$src" "$GGUF"
 DIGEST="$("$BIN" digest "$GGUF")"
-kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl wait --for=delete "namespace/$NS" --timeout=180s >/dev/null 2>&1 || true   # an earlier run's
+kubectl create namespace "$NS" >/dev/null
 kubectl apply -n "$NS" -f - >/dev/null <<MD
 apiVersion: modelfleet.io/v1alpha1
 kind: ModelDeployment
