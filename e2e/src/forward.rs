@@ -94,7 +94,7 @@ async fn accept_loop(listener: TcpListener, target: String) {
         tokio::spawn(async move {
             match TcpStream::connect(&target).await {
                 Ok(outbound) => pipe(inbound, outbound).await,
-                Err(e) => tracing::debug!(%peer, %target, error = %e, "dial failed"),
+                Err(e) => tracing::warn!(%peer, %target, error = %e, "dial failed"),
             }
         });
     }
