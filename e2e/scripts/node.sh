@@ -33,6 +33,12 @@ node_netns_up() {
   # A name for the host's own namespace, so a command inside the cluster's can reach the host's
   # loopback (the forwards' listening side): nsenter --net=$HOST_NS_PATH.
   [ -e "$HOST_NS_PATH" ] || ip netns attach "$NETNS-host" $$
+  # A namespace left by a run that was killed (no forward of this cluster is alive) holds stale pods'
+  # links and rules: start from a fresh one.
+  if [ -e "$NS_PATH" ] && ! alive forward-host; then
+    log "removing the namespace $NETNS a stopped cluster left behind"
+    ip netns del "$NETNS" 2>/dev/null || true
+  fi
   if [ ! -e "$NS_PATH" ]; then
     ip netns add "$NETNS"
     log "network namespace $NETNS created"
