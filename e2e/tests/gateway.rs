@@ -488,7 +488,7 @@ async fn long_stream(model: &str, i: usize) -> (String, reqwest::Response) {
         .json(
             // ~2 KB per event: the pod outruns this test's reader, so its socket fills and the
             // stream stays in flight on the pod until read.
-            &json!({"model": model, "stream": true, "max_tokens": 1500, "ignore_eos": true,
+            &json!({"model": model, "stream": true, "max_tokens": 1900, "ignore_eos": true,
             "logprobs": true, "top_logprobs": 20,
             "messages": [{"role": "user", "content": format!("stream {i}: a long story {}", i * 104729)}]}),
         )
