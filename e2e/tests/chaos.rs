@@ -7,6 +7,7 @@
 //! The figures are printed. Bounded: about 2 minutes, 6 at most. Run by `make e2e`; nothing is mocked.
 
 mod common;
+use common::fleet::tiny_model;
 use common::*;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -107,7 +108,7 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
     let started = Instant::now();
     ensure_operator().await;
     let ns = TestNamespace::new("chaos");
-    let (dir, digest) = generated_tiny_model(&ns.name);
+    let (dir, digest) = tiny_model(&ns.name);
     kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&fleet(&dir, &digest)));
     let client = client().await;
     let mds: Api<ModelDeployment> = Api::namespaced(client.clone(), &ns.name);

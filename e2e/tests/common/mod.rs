@@ -289,34 +289,6 @@ pub async fn ensure_operator() {
     .await;
 }
 
-/// The `modelfleet-runtime` binary the harness maps the runtime image to.
-pub fn runtime_binary() -> PathBuf {
-    std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(repo_root().join("target"))
-        .join("debug/modelfleet-runtime")
-}
-
-/// A generated tiny model under the cluster directory and its digest (both by the real binary).
-pub fn generated_tiny_model(name: &str) -> (PathBuf, String) {
-    let dir = cluster_dir().join("artifacts").join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    let made = Command::new(runtime_binary())
-        .arg("gen-model")
-        .arg(&dir)
-        .args(["--shape", "tiny", "--seed", "11"])
-        .output()
-        .expect("modelfleet-runtime built");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    let out = Command::new(runtime_binary())
-        .arg("digest")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    (dir, String::from_utf8(out.stdout).unwrap().trim().to_string())
-}
-
 /// Runs `e2e/cluster ARGS` against this test's cluster and panics unless it succeeds.
 pub fn cluster_script(args: &[&str]) {
     let out = Command::new(repo_root().join("e2e/cluster"))
