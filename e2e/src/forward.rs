@@ -93,17 +93,21 @@ async fn accept_loop(listener: TcpListener, target: String) {
         let target = target.clone();
         tokio::spawn(async move {
             match TcpStream::connect(&target).await {
-                Ok(outbound) => pipe(inbound, outbound).await,
+                Ok(outbound) => {
+                    if let Err(e) = pipe(inbound, outbound).await {
+                        tracing::warn!(%peer, %target, error = %e, "connection ended with an error");
+                    }
+                }
                 Err(e) => tracing::warn!(%peer, %target, error = %e, "dial failed"),
             }
         });
     }
 }
 
-async fn pipe(mut a: TcpStream, mut b: TcpStream) {
+async fn pipe(mut a: TcpStream, mut b: TcpStream) -> std::io::Result<()> {
     let _ = a.set_nodelay(true);
     let _ = b.set_nodelay(true);
-    let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+    tokio::io::copy_bidirectional(&mut a, &mut b).await.map(|_| ())
 }
 
 #[cfg(test)]

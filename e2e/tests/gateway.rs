@@ -117,6 +117,14 @@ async fn scale_from_zero_through_the_gateway_and_back_to_zero() {
     );
 }
 
+/// Seconds since the Unix epoch, to the millisecond: failures carry it, to find them in component logs.
+fn unix_now() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{:.3}", t.as_secs_f64())
+}
+
 /// Keeps `workers` clients sending chat completions through the gateway until stopped; counts answers
 /// per pod and keeps every failure.
 struct Load {
@@ -144,10 +152,11 @@ impl Load {
                             Ok((200, _, _)) => {
                                 ok.fetch_add(1, Ordering::Relaxed);
                             }
-                            Ok((s, pod, body)) => {
-                                failures.lock().unwrap().push(format!("{s} from {pod}: {body}"))
-                            }
-                            Err(e) => failures.lock().unwrap().push(e),
+                            Ok((s, pod, body)) => failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("{} {s} from {pod}: {body}", unix_now())),
+                            Err(e) => failures.lock().unwrap().push(format!("{} {e}", unix_now())),
                         }
                     }
                 })
@@ -297,7 +306,7 @@ async fn unique_prompts_spread_and_rollouts_and_scale_downs_lose_nothing() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (ok, failures) = load.stop().await;
     eprintln!(
-        "rollout + scale-down under load: {ok} answered, {} failed",
+        "rollout + scale-down under load: {ok} answered, {} failed: {failures:?}",
         failures.len()
     );
     assert!(ok > 20, "the load ran: {ok} answers");

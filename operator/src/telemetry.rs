@@ -226,5 +226,9 @@ pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: in a container, escape codes land in `kubectl logs` and log shippers.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // The default reports a failed write with `eprintln!`, which panics when stderr is closed.
+        .log_internal_errors(false)
         .try_init();
 }

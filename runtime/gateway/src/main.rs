@@ -24,6 +24,10 @@ fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: in a container, escape codes land in `kubectl logs` and log shippers.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // The default reports a failed write with `eprintln!`, which panics when stderr is closed.
+        .log_internal_errors(false)
         .try_init();
     let Command::Run(args) = Cli::parse().command;
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
