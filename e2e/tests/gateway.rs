@@ -155,8 +155,8 @@ impl Load {
                             Ok((s, pod, body)) => failures
                                 .lock()
                                 .unwrap()
-                                .push(format!("{} {s} from {pod}: {body}", unix_now())),
-                            Err(e) => failures.lock().unwrap().push(format!("{} {e}", unix_now())),
+                                .push(format!("{s} from {pod}: {body} (at {})", unix_now())),
+                            Err(e) => failures.lock().unwrap().push(format!("{e} (at {})", unix_now())),
                         }
                     }
                 })
