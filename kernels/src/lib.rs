@@ -21,6 +21,9 @@
 //!   alone or in any batch.
 //! - The kernels do no I/O and own no model logic; the engine composes them.
 
+// The SIMD kernels are mostly `unsafe`: every block must say why it is sound (`// SAFETY:`).
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod cpu;
 pub mod layout;
 pub mod quant;

@@ -182,6 +182,10 @@ fn attend<E: KvElem>(
 }
 
 /// `n ≤ MAX_G` query heads of one KV head with the widest lanes of `isa`.
+///
+/// # Safety
+/// This CPU has `isa`'s extensions (`Isa`'s invariant); `1 ≤ n ≤ MAX_G` and `t.q` holds exactly `n`
+/// heads (`n · head_dim` values); `t` meets the rest of [`heads`]' contract.
 unsafe fn run<E: KvElem>(isa: Isa, n: usize, t: &Task<'_, E>, out: &mut [f32]) {
     macro_rules! by_heads {
         ($f:ident) => {
@@ -193,6 +197,9 @@ unsafe fn run<E: KvElem>(isa: Isa, n: usize, t: &Task<'_, E>, out: &mut [f32]) {
             }
         };
     }
+    // SAFETY: `Isa::Avx512` / `Isa::Avx2` are only held where their extensions were found (our
+    // contract), which covers what `run_avx512` / `run_avx2` enable; `by_heads!` picks `G = n` for
+    // `n` in 1..=MAX_G, so `t.q` holds the `G` heads `heads` expects, and its other terms are ours.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
@@ -204,34 +211,76 @@ unsafe fn run<E: KvElem>(isa: Isa, n: usize, t: &Task<'_, E>, out: &mut [f32]) {
     }
 }
 
+/// # Safety
+/// As for [`heads`] (no CPU extension needed).
 unsafe fn run_portable<E: KvElem, const G: usize>(t: &Task<'_, E>, out: &mut [f32]) {
+    // SAFETY: the portable lanes need no CPU extension; the rest of `heads`' contract is ours.
     unsafe { heads::<Eight<Portable>, Portable, E, G, 2>(t, out) }
 }
 
+/// # Safety
+/// AVX2, FMA and F16C must be available; otherwise as for [`heads`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_avx2<E: KvElem, const G: usize>(t: &Task<'_, E>, out: &mut [f32]) {
+    // SAFETY: `Eight<Avx2>` and `Avx2`'s exponential need AVX2/FMA/F16C, which this function enables
+    // and our caller guarantees (`# Safety`); the rest of `heads`' contract is ours.
     unsafe { heads::<Eight<simd::Avx2>, simd::Avx2, E, G, 2>(t, out) }
 }
 
+/// # Safety
+/// AVX-512F/VL, AVX2, FMA and F16C must be available; otherwise as for [`heads`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 unsafe fn run_avx512<E: KvElem, const G: usize>(t: &Task<'_, E>, out: &mut [f32]) {
+    // SAFETY: `Sixteen` needs AVX-512F and `Avx2`'s exponential AVX2/FMA/F16C, all enabled here and
+    // guaranteed by our caller (`# Safety`); the rest of `heads`' contract is ours.
     unsafe { heads::<Sixteen, simd::Avx2, E, G, 4>(t, out) }
 }
 
 /// The vector registers the kernel runs on: `W` f32 lanes.
+///
+/// # Safety
+/// Every `unsafe fn` here needs the implementation's instruction set: `Eight<S>` that of `S` (see
+/// [`Simd`]), [`Sixteen`] AVX-512F (the tiles run inside `run_avx512`). The pointer methods also need
+/// the memory of their `W` lanes (any alignment).
 trait Lanes: Copy {
     const W: usize;
     type V: Copy;
+    /// All lanes zero.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available (see [`Lanes`]).
     unsafe fn zero() -> Self::V;
+    /// All lanes `x`.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn splat(x: f32) -> Self::V;
+    /// `W` f32 from `p`.
+    ///
+    /// # Safety
+    /// `p..p + W` must be readable (any alignment); `Self`'s instruction set available.
     unsafe fn load(p: *const f32) -> Self::V;
     /// `W` f16 (as bits) from `p`, widened exactly.
+    ///
+    /// # Safety
+    /// `p..p + W` must be readable (any alignment); `Self`'s instruction set available.
     unsafe fn load_f16(p: *const u16) -> Self::V;
+    /// `W` f32 to `p`.
+    ///
+    /// # Safety
+    /// `p..p + W` must be writable (any alignment); `Self`'s instruction set available.
     unsafe fn store(p: *mut f32, v: Self::V);
     /// `a · b + c`, fused exactly when [`Lanes::scalar_fma`] is.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a · b`.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     fn scalar_fma(a: f32, b: f32, c: f32) -> f32;
 }
@@ -245,30 +294,40 @@ impl<S: Simd> Lanes for Eight<S> {
     type V = S::V;
     #[inline(always)]
     unsafe fn zero() -> S::V {
+        // SAFETY: `Lanes`' contract for `Eight<S>` is `S`'s instruction set, all `S::zero` needs.
         unsafe { S::zero() }
     }
     #[inline(always)]
     unsafe fn splat(x: f32) -> S::V {
+        // SAFETY: `Lanes`' contract for `Eight<S>` is `S`'s instruction set, all `S::splat` needs.
         unsafe { S::splat(x) }
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> S::V {
+        // SAFETY: with `W = 8`, `Lanes::load`'s contract (8 readable f32 at `p`, `S` available) is
+        // `S::load`'s.
         unsafe { S::load(p) }
     }
     #[inline(always)]
     unsafe fn load_f16(p: *const u16) -> S::V {
+        // SAFETY: with `W = 8`, `Lanes::load_f16`'s contract (8 readable u16 at `p`, `S` available) is
+        // `S::load_f16`'s.
         unsafe { S::load_f16(p) }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: S::V) {
+        // SAFETY: with `W = 8`, `Lanes::store`'s contract (8 writable f32 at `p`, `S` available) is
+        // `S::store`'s.
         unsafe { S::store(p, v) }
     }
     #[inline(always)]
     unsafe fn fma(a: S::V, b: S::V, c: S::V) -> S::V {
+        // SAFETY: `Lanes`' contract for `Eight<S>` is `S`'s instruction set, all `S::mul_add` needs.
         unsafe { S::mul_add(a, b, c) }
     }
     #[inline(always)]
     unsafe fn mul(a: S::V, b: S::V) -> S::V {
+        // SAFETY: `Lanes`' contract for `Eight<S>` is `S`'s instruction set, all `S::mul` needs.
         unsafe { S::mul(a, b) }
     }
     #[inline(always)]
@@ -288,31 +347,41 @@ impl Lanes for Sixteen {
     type V = std::arch::x86_64::__m512;
     #[inline(always)]
     unsafe fn zero() -> Self::V {
+        // SAFETY: AVX-512F is available (`Lanes`' contract for `Sixteen`).
         unsafe { std::arch::x86_64::_mm512_setzero_ps() }
     }
     #[inline(always)]
     unsafe fn splat(x: f32) -> Self::V {
+        // SAFETY: AVX-512F is available (`Lanes`' contract for `Sixteen`).
         unsafe { std::arch::x86_64::_mm512_set1_ps(x) }
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: 16 f32 at `p` are readable and AVX-512F is available (`Lanes::load`'s contract);
+        // `loadu` needs no alignment.
         unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
     #[inline(always)]
     unsafe fn load_f16(p: *const u16) -> Self::V {
         use std::arch::x86_64::*;
+        // SAFETY: 16 u16 at `p` are the 32 readable bytes the unaligned `_mm256_loadu_si256` reads
+        // (`Lanes::load_f16`'s contract); `_mm512_cvtph_ps` needs AVX-512F, which the contract gives.
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: 16 f32 at `p` are writable and AVX-512F is available (`Lanes::store`'s contract);
+        // `storeu` needs no alignment.
         unsafe { std::arch::x86_64::_mm512_storeu_ps(p, v) }
     }
     #[inline(always)]
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        // SAFETY: AVX-512F is available (`Lanes`' contract for `Sixteen`).
         unsafe { std::arch::x86_64::_mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: AVX-512F is available (`Lanes`' contract for `Sixteen`).
         unsafe { std::arch::x86_64::_mm512_mul_ps(a, b) }
     }
     #[inline(always)]
@@ -324,6 +393,9 @@ impl Lanes for Sixteen {
 /// A cache element: `f32`, or `u16` holding the bits of an f16 (widened exactly when read).
 trait KvElem: Copy + Send + Sync {
     /// `L::W` elements from `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// `p..p + L::W` must be readable (any alignment) and `L`'s instruction set available.
     unsafe fn load<L: Lanes>(p: *const Self) -> L::V;
     fn to_f32(self) -> f32;
 }
@@ -331,6 +403,7 @@ trait KvElem: Copy + Send + Sync {
 impl KvElem for f32 {
     #[inline(always)]
     unsafe fn load<L: Lanes>(p: *const f32) -> L::V {
+        // SAFETY: `KvElem::load`'s contract (`L::W` readable f32 at `p`, `L` available) is `L::load`'s.
         unsafe { L::load(p) }
     }
     #[inline(always)]
@@ -342,6 +415,8 @@ impl KvElem for f32 {
 impl KvElem for u16 {
     #[inline(always)]
     unsafe fn load<L: Lanes>(p: *const u16) -> L::V {
+        // SAFETY: `KvElem::load`'s contract (`L::W` readable u16 at `p`, `L` available) is
+        // `L::load_f16`'s.
         unsafe { L::load_f16(p) }
     }
     #[inline(always)]
@@ -352,12 +427,19 @@ impl KvElem for u16 {
 
 /// `G` query heads of one KV head (`t.q` holds them; `out` is as long), value vectors `P` at a time.
 /// `S` supplies the exponential (the same 8-lane code whatever `L`, so every ISA gives the same bits).
+///
+/// # Safety
+/// `L`'s and `S`'s instruction sets are available; `t.q` holds exactly `G · head_dim` values; and `t`
+/// is consistent with its cache, as `paged_attention` and `attend` check: `t.kv_head <
+/// t.layout.num_kv_heads`, every block of `t.block_table` is below `t.layout.num_blocks`, and
+/// `t.k_cache` and `t.v_cache` hold at least `t.layout.len()` elements.
 #[inline(always)]
 unsafe fn heads<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
     t: &Task<'_, E>,
     out: &mut [f32],
 ) {
     let hd = t.layout.head_dim;
+    debug_assert_eq!(t.q.len(), G * hd, "query heads of the task");
     out[..G * hd].fill(0.0);
     let mut m = [f32::NEG_INFINITY; G];
     let mut l = [0.0f32; G];
@@ -376,6 +458,8 @@ unsafe fn heads<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
         if next < n_ctx {
             t.prefetch::<S>(t.chunk(next), false);
         }
+        // SAFETY: `a` and `b` come from `t.chunk`, so each lies within one block (`len ≤ bs − slot0`)
+        // and has at most CHUNK keys; `L` is available and `t` consistent (our contract).
         unsafe { score_chunks::<L, E, G>(t, a, b, &mut scores) };
         for (c, at) in [(a, 0)].into_iter().chain(b.map(|c| (c, CHUNK))) {
             for g in 0..G {
@@ -386,25 +470,37 @@ unsafe fn heads<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
                 if m_new != m[g] {
                     let corr = (m[g] - m_new).exp();
                     l[g] *= corr;
+                    // SAFETY: `S` is available (our contract); `scale` stays within the checked
+                    // slice `out[g·hd..(g + 1)·hd]`.
                     unsafe { simd::scale::<S>(corr, &mut out[g * hd..(g + 1) * hd]) };
                 }
+                // SAFETY: `S` is available (our contract); `exp_shifted` stays within the checked
+                // slices `s` and `probs[g][..c.len]`.
                 unsafe { simd::exp_shifted::<S>(s, m_new, &mut probs[g][..c.len]) };
                 for &p in &probs[g][..c.len] {
                     l[g] += p;
                 }
                 m[g] = m_new;
             }
+            // SAFETY: `c` is a chunk of `t` (from `t.chunk`), `out` holds `G · hd` values (the `fill`
+            // above checked it), `L` is available and `t` consistent (our contract).
             unsafe { values::<L, E, G, P>(t, c, &probs, out) };
         }
         start = next;
     }
     for g in 0..G {
+        // SAFETY: `S` is available (our contract); `scale` stays within the checked slice
+        // `out[g·hd..(g + 1)·hd]`.
         unsafe { simd::scale::<S>(1.0 / l[g], &mut out[g * hd..(g + 1) * hd]) };
     }
 }
 
 /// The scores of chunk `a` (into `scores[g][..a.len]`) and `b` (into `scores[g][CHUNK..]`): lane groups
 /// that lie within their block two at a time, the rest (odd block sizes only) key by key.
+///
+/// # Safety
+/// `L`'s instruction set is available; `a` and `b` come from `t.chunk` (each within one block, at most
+/// CHUNK keys); `t` meets [`heads`]' contract with `G` heads.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // the query and the scores are indexed by the same head
 unsafe fn score_chunks<L: Lanes, E: KvElem, const G: usize>(
@@ -442,6 +538,10 @@ unsafe fn score_chunks<L: Lanes, E: KvElem, const G: usize>(
         }
     }
     let mut i = 0;
+    // SAFETY: a group was recorded only when `c.slot0 + off + W ≤ bs`, so its W keys of every dimension
+    // lie in its block's key rows, inside `t.k_cache` (block id < num_blocks, our contract); its score
+    // index is `at + off` with `off` a multiple of W below `c.len ≤ CHUNK` (W divides CHUNK), so
+    // `at + off + W ≤ at + CHUNK ≤ 2·CHUNK`. That, `L`, and `t.q` of `G` heads are `score_groups`' terms.
     unsafe {
         while i + 2 <= n {
             score_groups::<L, E, G, 2>(t, [groups[i], groups[i + 1]], scores);
@@ -454,6 +554,11 @@ unsafe fn score_chunks<L: Lanes, E: KvElem, const G: usize>(
 }
 
 /// `N` lane groups of `W` keys each against `G` query heads: `G × N` chains over the head dimension.
+///
+/// # Safety
+/// `L`'s instruction set is available; `t.q` holds `G · head_dim` values; for every `(off, at)` in
+/// `groups`, the `L::W` keys at `off + d · block_size` lie in `t.k_cache` for every `d < head_dim`,
+/// and `at + L::W ≤ 2 · CHUNK`.
 #[inline(always)]
 unsafe fn score_groups<L: Lanes, E: KvElem, const G: usize, const N: usize>(
     t: &Task<'_, E>,
@@ -461,6 +566,9 @@ unsafe fn score_groups<L: Lanes, E: KvElem, const G: usize, const N: usize>(
     scores: &mut [[f32; 2 * CHUNK]; G],
 ) {
     let (hd, bs) = (t.layout.head_dim, t.layout.block_size);
+    // SAFETY: by our contract: the key loads at `off + d·bs` (`d < hd`) stay in `t.k_cache`;
+    // `get_unchecked(g·hd + d)` with `g < G`, `d < hd` is inside `t.q` (`G · hd` values); each store
+    // writes `scores[g][at..at + W]` with `at + W ≤ 2·CHUNK`; and `L` is available.
     unsafe {
         let kc = t.k_cache.as_ptr();
         let mut acc = [[L::zero(); N]; G];
@@ -489,6 +597,10 @@ unsafe fn score_groups<L: Lanes, E: KvElem, const G: usize, const N: usize>(
 
 /// `out[g] += Σ_i probs[g][i] · v_i` over chunk `c`'s values in order, `P` vectors of the head
 /// dimension at a time (then one at a time, then a scalar tail).
+///
+/// # Safety
+/// `L`'s instruction set is available; `c` is a chunk of `t` and `out` holds at least `G · head_dim`
+/// values.
 #[inline(always)]
 unsafe fn values<L: Lanes, E: KvElem, const G: usize, const P: usize>(
     t: &Task<'_, E>,
@@ -499,6 +611,9 @@ unsafe fn values<L: Lanes, E: KvElem, const G: usize, const P: usize>(
     let hd = t.layout.head_dim;
     let v = &t.v_cache[c.v..c.v + c.len * hd];
     let mut j = 0;
+    // SAFETY: `v` is a checked slice of `c.len · hd` values; each pass covers dimensions
+    // `j..j + Q·W` with `j + Q·W ≤ hd` (the loop conditions); with `out` of `G · hd` values and `L`
+    // available (our contract) that is all `values_pass` requires.
     unsafe {
         while j + P * L::W <= hd {
             values_pass::<L, E, G, P>(v, hd, c.len, j, probs, out);
@@ -521,6 +636,10 @@ unsafe fn values<L: Lanes, E: KvElem, const G: usize, const P: usize>(
 }
 
 /// Dimensions `j..j + Q·W` of every head's accumulator, held in registers over the chunk's keys.
+///
+/// # Safety
+/// `L`'s instruction set is available; `j + Q · L::W ≤ hd`, `v.len() ≥ len · hd` and
+/// `out.len() ≥ G · hd`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // key `i` indexes the values and every head's probabilities
 unsafe fn values_pass<L: Lanes, E: KvElem, const G: usize, const Q: usize>(
@@ -531,6 +650,10 @@ unsafe fn values_pass<L: Lanes, E: KvElem, const G: usize, const Q: usize>(
     probs: &[[f32; CHUNK]; G],
     out: &mut [f32],
 ) {
+    // SAFETY: by our contract, each access to `out` covers `g·hd + j + p·W ..+ W`, which ends at most at
+    // `g·hd + j + Q·W ≤ (g + 1)·hd ≤ G·hd ≤ out.len()`, and each load from `v` ends at most at
+    // `i·hd + j + Q·W ≤ (i + 1)·hd ≤ len·hd ≤ v.len()` (`i < len`); loads and stores are unaligned, and
+    // `L` is available.
     unsafe {
         let mut acc = [[L::zero(); Q]; G];
         for (g, row) in acc.iter_mut().enumerate() {

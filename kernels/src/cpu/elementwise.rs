@@ -94,15 +94,24 @@ pub(crate) fn silu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
     });
 }
 
+/// # Safety
+/// AVX2, FMA and F16C must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn silu_mul_avx2(g: &[f32], u: &[f32], o: &mut [f32]) {
+    // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller (`# Safety`);
+    // `silu_mul_lanes` asks nothing else.
     unsafe { silu_mul_lanes::<super::simd::Avx2>(g, u, o) }
 }
 
 /// `o = g / (1 + e^-g) · u`, 8 lanes at a time (the gate first, then the product with `u`).
+///
+/// # Safety
+/// `S`'s instruction set must be available.
 #[inline(always)]
 unsafe fn silu_mul_lanes<S: Simd>(g: &[f32], u: &[f32], o: &mut [f32]) {
+    // SAFETY: `S` is available (our contract); `simd::silu` keeps its loads and stores within `g` and
+    // `o` (it runs to the shorter one's length, padding the tail).
     unsafe { simd::silu::<S>(g, o) };
     for (o, u) in o.iter_mut().zip(u) {
         *o *= u;
@@ -211,18 +220,26 @@ pub fn max_lanes(x: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
 }
 
+/// # Safety
+/// AVX2, FMA and F16C must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn exp_in_place_avx2(x: &mut [f32], shift: f32) {
+    // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller (`# Safety`);
+    // `exp_in_place` asks nothing else.
     unsafe { exp_in_place::<super::simd::Avx2>(x, shift) }
 }
 
 /// `x[i] = e^(x[i] - shift)` with the vector exp ([`simd::exp_shifted`]), through a stack buffer.
+///
+/// # Safety
+/// `S`'s instruction set must be available.
 #[inline(always)]
 unsafe fn exp_in_place<S: Simd>(x: &mut [f32], shift: f32) {
     let mut tmp = [0.0f32; 256];
     for c in x.chunks_mut(256) {
         let t = &mut tmp[..c.len()];
+        // SAFETY: `S` is available (our contract); `exp_shifted` stays within the slices `c` and `t`.
         unsafe { simd::exp_shifted::<S>(c, shift, t) };
         c.copy_from_slice(t);
     }

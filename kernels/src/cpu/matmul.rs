@@ -27,6 +27,8 @@ use crate::weight::WeightData;
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements (distinct columns) and the borrow of `out` outlives the scope.
 unsafe impl Send for OutPtr {}
+// SAFETY: a shared `&OutPtr` only yields copies of the address; every write through one is to the
+// writing task's own columns, as above, and nothing reads `out` during the loop.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
@@ -199,22 +201,40 @@ struct Job<'a> {
     out: OutPtr,
 }
 
+/// One task's columns with the widest lanes of `isa`.
+///
+/// # Safety
+/// This CPU has `isa`'s extensions (`Isa`'s invariant); `w` has `job.n · job.k` elements
+/// ([`WeightData::len`]) and `job` meets the rest of [`block`]'s contract.
 unsafe fn run_block(isa: Isa, job: &Job<'_>, w: WeightData<'_>) {
     match isa {
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only held where AVX2, FMA and F16C were found (our
+        // contract), which is what `run_block_avx2` enables; the job is passed on under our contract.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 => unsafe { run_block_avx2(job, w) },
+        // SAFETY: the portable lanes need no CPU extension; the job is passed on under our contract.
         _ => unsafe { run_block_generic::<Portable>(job, w) },
     }
 }
 
+/// # Safety
+/// AVX2, FMA and F16C must be available; otherwise as for [`run_block`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_block_avx2(job: &Job<'_>, w: WeightData<'_>) {
+    // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller (`# Safety`); the
+    // rest of `run_block_generic`'s contract is ours.
     unsafe { run_block_generic::<super::simd::Avx2>(job, w) }
 }
 
+/// # Safety
+/// `S`'s instruction set is available; otherwise as for [`run_block`].
 #[inline(always)]
 unsafe fn run_block_generic<S: Simd>(job: &Job<'_>, w: WeightData<'_>) {
+    // SAFETY: the float slices are `w`'s elements, `n · k` of them (our contract; `matmul` asserts
+    // `w.len() == n · k`), which is `block`'s requirement on its weights since `cols.1 ≤ n`;
+    // `block_quant` takes the same job and slices its quantized rows with checked indexing; `S` is
+    // available (our contract).
     unsafe {
         match w {
             WeightData::F32(d) => block::<S, f32>(job, d),
@@ -225,15 +245,31 @@ unsafe fn run_block_generic<S: Simd>(job: &Job<'_>, w: WeightData<'_>) {
     }
 }
 
+/// All rows of `job` for its columns `cols`, `w` being the weight rows in their stored element type.
+///
+/// # Safety
+/// `S`'s instruction set is available; `job.x` holds at least `job.rows · job.k` values and `w` at
+/// least `job.cols.1 · job.k` elements; for every `r < job.rows` and `c` in `job.cols.0..job.cols.1`,
+/// `job.out + r · job.n + c` is a writable f32 of one output buffer that no other thread accesses
+/// meanwhile.
 #[inline(always)]
 unsafe fn block<S: Simd, W: Elem>(job: &Job<'_>, w: &[W]) {
     let (c0, c1) = job.cols;
     let k = job.k;
+    // SAFETY: every call below has `r < job.rows`, and `x` holds `rows · k` values (our contract), so
+    // the offset `r · k` stays inside `x`.
     let xp = |r: usize| unsafe { job.x.as_ptr().add(r * k) };
+    // SAFETY: every call below has `c < c1` and `w` holds `c1 · k` elements (our contract), so the
+    // offset `c · k` stays inside `w`.
     let wp = |c: usize| unsafe { w.as_ptr().add(c * k) };
     let bias = |c: usize| job.bias.map_or(0.0, |b| b.get(c));
+    // SAFETY: every call below has `r < rows` and `c0 ≤ c < c1`, for which our contract makes
+    // `out + r · n + c` an output only this task accesses.
     let put = |r: usize, c: usize, v: f32| unsafe { *job.out.0.add(r * job.n + c) = v + bias(c) };
     let mut r = 0;
+    // SAFETY: the tiles get rows `r..r + 4` only while `r + 4 ≤ rows` (else the single row `r < rows`)
+    // and weight rows `c..c + C` only while `c + C ≤ c1` (loop conditions), each row `k` long and
+    // inside `x` or `w` as above, which is `tile`'s requirement; `S` is available (our contract).
     unsafe {
         while r + 4 <= job.rows {
             let xs = [xp(r), xp(r + 1), xp(r + 2), xp(r + 3)];
@@ -294,6 +330,9 @@ unsafe fn block<S: Simd, W: Elem>(job: &Job<'_>, w: &[W]) {
 /// Quantized weights: each group of up to 4 columns is dequantized once into an f32 scratch row, then
 /// every row of `x` runs the f32 tiles against it. Each output is still one full-length dot product in
 /// the fixed chunk order, so batch invariance holds here too.
+///
+/// # Safety
+/// As for [`block`], `w` being the whole matrix's quantized bytes (its rows are sliced with checks).
 #[inline(always)]
 unsafe fn block_quant<S: Simd>(job: &Job<'_>, q: QuantKind, w: &[u8]) {
     let (c0, c1) = job.cols;
@@ -310,14 +349,21 @@ unsafe fn block_quant<S: Simd>(job: &Job<'_>, q: QuantKind, w: &[u8]) {
         let sub = Job {
             cols: (0, group),
             n: job.n,
+            // SAFETY: `c < c1`, so `out + c` is output `(0, c)`, one of ours (our contract, with
+            // `rows ≥ 1`: `matmul` returns early when `rows == 0`).
             out: OutPtr(unsafe { job.out.0.add(c) }),
             bias: None,
             ..*job
         };
+        // SAFETY: `sub`'s outputs `out + c + r · n + g` (`r < rows`, `g < group`) are our outputs
+        // `(r, c + g)` with `c + group ≤ c1` (our contract); `scratch[..group · k]` holds exactly the
+        // `group` weight rows it reads; `job.x` and `S` as in our contract.
         unsafe { block::<S, f32>(&sub, &scratch[..group * k]) };
         if let Some(b) = job.bias {
             for r in 0..job.rows {
                 for g in 0..group {
+                    // SAFETY: `r < rows` and `c + g < c1 ≤ n`: inside the outputs and in one of this
+                    // task's columns (our contract).
                     unsafe { *job.out.0.add(r * job.n + c + g) += b.get(c + g) };
                 }
             }
@@ -327,6 +373,9 @@ unsafe fn block_quant<S: Simd>(job: &Job<'_>, q: QuantKind, w: &[u8]) {
 }
 
 /// The `R × C` register tile: `R` rows of `x` against `C` weight rows, each a full-length dot product.
+///
+/// # Safety
+/// `S`'s instruction set is available; every `x[r]` and `w[c]` points to `k` readable elements.
 #[inline(always)]
 unsafe fn tile<S: Simd, W: Elem, const R: usize, const C: usize>(
     x: [*const f32; R],
@@ -334,6 +383,10 @@ unsafe fn tile<S: Simd, W: Elem, const R: usize, const C: usize>(
     k: usize,
 ) -> [[f32; C]; R] {
     let k8 = k / 8 * 8;
+    // SAFETY: the 8-lane loads read elements `i..i + 8` with `i + 8 ≤ k8 ≤ k` (loop condition, `k8`
+    // being `k` rounded down to a multiple of 8) and the scalar tail elements `k8..k`, all within the
+    // `k` readable elements of each row (our contract); the loads are unaligned and the scalar reads
+    // come from pointers into `&[f32]`/`&[W]`, so aligned; `S` is available (our contract).
     unsafe {
         let mut acc = [[S::zero(); C]; R];
         let mut i = 0;

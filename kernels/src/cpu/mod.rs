@@ -64,7 +64,14 @@ impl CpuKernels {
     }
 
     /// Kernels forced to `isa` (tests compare the portable and SIMD paths).
+    ///
+    /// # Panics
+    /// On x86-64, if this CPU lacks an extension `isa` needs (its kernels would be undefined behaviour).
     pub fn with_isa(threads: usize, isa: Isa) -> Self {
+        // `Isa`'s invariant, which the SIMD kernels' `unsafe` blocks rely on (off x86-64 every `Isa`
+        // runs the portable code).
+        #[cfg(target_arch = "x86_64")]
+        assert!(isa.is_available(), "{isa:?} is not supported by this CPU");
         Self {
             isa,
             pool: pool::Pool::new(threads),

@@ -175,6 +175,8 @@ const PER_THREAD: usize = 3;
 pub(super) struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements and the borrow of `out` outlives the parallel loop.
 unsafe impl Send for OutPtr {}
+// SAFETY: a shared `&OutPtr` only yields copies of the address; each task writes and reads back (its
+// partial sums) only the outputs of its own rows × panels, as above.
 unsafe impl Sync for OutPtr {}
 
 /// `out[r, j] = Σ_i x[r, i] · w[j, i] + bias[j]` for `r < rows`, `j < w.rows()`.
@@ -299,25 +301,45 @@ impl Job<'_> {
     }
 }
 
+/// One task's share with the widest tiles of `isa`.
+///
+/// # Safety
+/// This CPU has `isa`'s extensions (`Isa`'s invariant); `job.x` holds `rows · k` values, `out` points to
+/// the `rows · n` outputs, and rows `ps.rs` (`ps.rs.1 ≤ rows`) × panels `ps.ps` (`ps.ps.1 ≤ ⌈n / 16⌉`)
+/// of them are the calling task's alone.
 unsafe fn run(isa: Isa, job: &Job<'_>, ps: Part, out: OutPtr) {
     match isa {
+        // SAFETY: `Isa::Avx2` is only held where AVX2, FMA and F16C were found (our contract), which
+        // is what `run_avx2` enables; the share is passed on under our contract.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { run_avx2(job, ps, out) },
+        // SAFETY: `Isa::Avx512` is only held where AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C were found
+        // (our contract), which covers `packed_avx512::run`'s `# Safety`; the share is passed on too.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { super::packed_avx512::run(job, ps, out) },
+        // SAFETY: the portable lanes need no CPU extension; the share is passed on under our contract.
         _ => unsafe { run_generic::<Portable>(job, ps, out) },
     }
 }
 
+/// # Safety
+/// AVX2, FMA and F16C must be available; otherwise as for [`run`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_avx2(job: &Job<'_>, ps: Part, out: OutPtr) {
+    // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller (`# Safety`); the
+    // rest of `run_generic`'s contract is ours.
     unsafe { run_generic::<super::simd::Avx2>(job, ps, out) }
 }
 
+/// # Safety
+/// `S`'s instruction set is available; otherwise as for [`run`].
 #[inline(always)]
 unsafe fn run_generic<S: Simd>(job: &Job<'_>, ps: Part, out: OutPtr) {
     let base = job.w.base();
+    // SAFETY: `base` is `job.w`'s panel buffer: `⌈n / 16⌉ · k · 16` elements of `job.w.dtype` (only
+    // f32, bf16 and f16 are ever packed), read as that element type in each arm; the share and `S` are
+    // as `block` requires (our contract).
     unsafe {
         match job.w.dtype {
             DType::F32 => block::<Lanes<S, f32>>(job, base.cast(), ps, out),
@@ -346,7 +368,10 @@ pub(super) trait Tiles {
     /// piece `at.ks` of `k`.
     ///
     /// # Safety
-    /// `at` lies within the task's rows and panels; `w` is the panel buffer of `job`.
+    /// Rows `at.r..at.r + R` and panels `at.p..at.p + P` belong to the calling task (so they lie within
+    /// `rows` and `⌈n / 16⌉`, and `job.x` holds those rows), `at.ks` lies within `0..k`, `w` is
+    /// `job.w`'s panel buffer as `Self::W`, and the implementation's instruction set is available
+    /// (AVX2/FMA/F16C for the AVX2 lanes, AVX-512F for `packed_avx512`'s).
     unsafe fn tile<const R: usize, const P: usize>(job: &Job<'_>, w: *const Self::W, at: At, out: OutPtr);
     /// Most rows of a tile.
     const MR: usize;
@@ -354,7 +379,7 @@ pub(super) trait Tiles {
     /// width this instruction set uses for that many rows.
     ///
     /// # Safety
-    /// As for [`Tiles::tile`].
+    /// `1 ≤ rows ≤ MR`; as for [`Tiles::tile`] with rows `at.r..at.r + rows` and panels `at.p..end`.
     unsafe fn rows(job: &Job<'_>, w: *const Self::W, at: At, end: usize, out: OutPtr, rows: usize);
 }
 
@@ -368,11 +393,15 @@ impl<S: Simd, W: Elem> Tiles for Lanes<S, W> {
 
     #[inline(always)]
     unsafe fn tile<const R: usize, const P: usize>(job: &Job<'_>, w: *const W, at: At, out: OutPtr) {
+        // SAFETY: `Tiles::tile`'s contract, which our caller upholds, is the free `tile`'s, `S` being
+        // this implementation's instruction set.
         unsafe { tile::<S, W, R, P>(job, w, at, out) }
     }
 
     #[inline(always)]
     unsafe fn rows(job: &Job<'_>, w: *const W, at: At, end: usize, out: OutPtr, rows: usize) {
+        // SAFETY: `1 ≤ rows ≤ MR = 6` (our contract), so each arm's `R` is exactly `rows` (the `_` arm
+        // is `rows == 1`), and the rows and panels are the caller's: `row_tiles`' contract.
         unsafe {
             match rows {
                 6 => row_tiles::<Self, 6, 1>(job, w, at, end, out),
@@ -387,6 +416,10 @@ impl<S: Simd, W: Elem> Tiles for Lanes<S, W> {
 }
 
 /// One task's rows and panels with the tiles of `T`, `k` piece by piece.
+///
+/// # Safety
+/// Rows `part.rs` (within `rows`, held by `job.x`) and panels `part.ps` (within `⌈n / 16⌉`) belong to
+/// the calling task, `w` is `job.w`'s panel buffer as `T::W`, and `T`'s instruction set is available.
 #[inline(always)]
 pub(super) unsafe fn block<T: Tiles>(job: &Job<'_>, w: *const T::W, part: Part, out: OutPtr) {
     for ks in k_pieces(job.k) {
@@ -404,7 +437,7 @@ pub(super) unsafe fn block<T: Tiles>(job: &Job<'_>, w: *const T::W, part: Part, 
 /// the rest.
 ///
 /// # Safety
-/// As for [`Tiles::tile`].
+/// As for [`Tiles::tile`], with rows `at.r..at.r + R` and panels `at.p..end`.
 #[inline(always)]
 pub(super) unsafe fn row_tiles<T: Tiles, const R: usize, const WIDE: usize>(
     job: &Job<'_>,
@@ -414,6 +447,9 @@ pub(super) unsafe fn row_tiles<T: Tiles, const R: usize, const WIDE: usize>(
     out: OutPtr,
 ) {
     let mut at = at;
+    // SAFETY: each tile covers our rows `at.r..at.r + R` and panels `at.p..at.p + P` with
+    // `at.p + P ≤ end` (the `while`/`if` conditions), so every call meets `Tiles::tile`'s contract
+    // under ours.
     unsafe {
         while at.p + WIDE <= end {
             T::tile::<R, WIDE>(job, w, at, out);
@@ -435,6 +471,9 @@ pub(super) unsafe fn row_tiles<T: Tiles, const R: usize, const WIDE: usize>(
 }
 
 /// `R` rows against `P` panels (`R × 16P` outputs), each output one fixed-order chain over `k`.
+///
+/// # Safety
+/// As for [`Tiles::tile`], `S` being the instruction set.
 #[inline(always)]
 unsafe fn tile<S: Simd, W: Elem, const R: usize, const P: usize>(
     job: &Job<'_>,
@@ -444,6 +483,11 @@ unsafe fn tile<S: Simd, W: Elem, const R: usize, const P: usize>(
 ) {
     let k = job.k;
     let stride = k * NR;
+    // SAFETY: by our contract, `xs[i]` is row `at.r + i < rows` of `x`, read at `i < at.ks.1 ≤ k`;
+    // `wp` is panel `at.p`, and each weight load reads the 16 elements `i·16..i·16 + 16` of panel
+    // `at.p + p` (`p < P`, `i < k`), inside the buffer's `⌈n / 16⌉ · k · 16` elements; the prefetch
+    // hint never faults; the other loads and stores are on the local 16-element `lanes` (at 0 and 8);
+    // `get`/`put` touch rows `at.r + r` and panels `at.p + p` of this task; `S` is available.
     unsafe {
         let xs: [*const f32; R] = {
             let mut xs = [job.x.as_ptr(); R];

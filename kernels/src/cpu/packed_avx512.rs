@@ -18,12 +18,17 @@ const PREFETCH_BYTES: usize = 2048;
 
 /// Weight element types, 16 at a time, widened to f32.
 trait Load16: Copy {
+    /// Sixteen elements from `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// `p..p + 16` must be readable (any alignment) and AVX-512F available.
     unsafe fn load16(p: *const Self) -> __m512;
 }
 
 impl Load16 for f32 {
     #[inline(always)]
     unsafe fn load16(p: *const Self) -> __m512 {
+        // SAFETY: 16 readable f32 at `p` and AVX-512F (`load16`'s contract); `loadu` needs no alignment.
         unsafe { _mm512_loadu_ps(p) }
     }
 }
@@ -31,6 +36,8 @@ impl Load16 for f32 {
 impl Load16 for half::f16 {
     #[inline(always)]
     unsafe fn load16(p: *const Self) -> __m512 {
+        // SAFETY: 16 f16 at `p` are the 32 readable bytes the unaligned `_mm256_loadu_si256` reads
+        // (`load16`'s contract); `_mm512_cvtph_ps` needs AVX-512F, which the contract gives.
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
 }
@@ -38,6 +45,8 @@ impl Load16 for half::f16 {
 impl Load16 for half::bf16 {
     #[inline(always)]
     unsafe fn load16(p: *const Self) -> __m512 {
+        // SAFETY: 16 bf16 at `p` are the 32 readable bytes the unaligned `_mm256_loadu_si256` reads
+        // (`load16`'s contract); the widening and shift need AVX-512F, which the contract gives.
         unsafe {
             let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
             _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))
@@ -48,10 +57,14 @@ impl Load16 for half::bf16 {
 /// Panels `ps` of `job` (all rows) with AVX-512.
 ///
 /// # Safety
-/// The CPU must support AVX-512F; `job` must be consistent and `out` large enough (checked by the caller).
+/// The CPU must support AVX-512 F/BW/VL, AVX2, FMA and F16C; `job` must be consistent, `out` large
+/// enough and rows `ps.rs` × panels `ps.ps` the calling task's (as `packed::matmul` checks and splits).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn run(job: &Job<'_>, ps: Part, out: OutPtr) {
     let base = job.w.base();
+    // SAFETY: `Zmm` needs AVX-512F, enabled here and guaranteed by our caller (`# Safety`); `base` is
+    // `job.w`'s panel buffer of `job.w.dtype()` elements (only f32, bf16 and f16 are ever packed), read
+    // as that type in each arm; the share is `block`'s requirement, passed on from ours.
     unsafe {
         match job.w.dtype() {
             crate::DType::F32 => block::<Zmm<f32>>(job, base.cast(), ps, out),
@@ -70,11 +83,15 @@ impl<W: Load16> Tiles for Zmm<W> {
 
     #[inline(always)]
     unsafe fn tile<const R: usize, const P: usize>(job: &Job<'_>, w: *const W, at: At, out: OutPtr) {
+        // SAFETY: `Tiles::tile`'s contract, which our caller upholds, is the free `tile`'s (AVX-512F
+        // being this implementation's instruction set).
         unsafe { tile::<W, R, P>(job, w, at, out) }
     }
 
     #[inline(always)]
     unsafe fn rows(job: &Job<'_>, w: *const W, at: At, end: usize, out: OutPtr, rows: usize) {
+        // SAFETY: `1 ≤ rows ≤ MR = 8` (our contract), so each arm's `R` is exactly `rows` (the `_` arm
+        // is `rows == 1`), and the rows and panels are the caller's: `row_tiles`' contract.
         unsafe {
             match rows {
                 8 => row_tiles::<Self, 8, 3>(job, w, at, end, out),
@@ -90,10 +107,20 @@ impl<W: Load16> Tiles for Zmm<W> {
     }
 }
 
+/// `R` rows against `P` panels, one 16-lane register per panel row.
+///
+/// # Safety
+/// As for [`Tiles::tile`], AVX-512F being the instruction set.
 #[inline(always)]
 unsafe fn tile<W: Load16, const R: usize, const P: usize>(job: &Job<'_>, w: *const W, at: At, out: OutPtr) {
     let k = job.k;
     let stride = k * NR;
+    // SAFETY: by our contract, `xs[i]` is row `at.r + i < rows` of `x`, read at `i < at.ks.1 ≤ k`;
+    // `wp` is panel `at.p`, and each `load16` reads the 16 elements `i·16..i·16 + 16` of panel
+    // `at.p + p` (`p < P`, `i < k`), inside the buffer's `⌈n / 16⌉ · k · 16` elements; the prefetch is
+    // a hint that never faults (its address is formed with `wrapping_add`); the other load and store
+    // use the local 16-element `lanes`; `get`/`put` touch rows `at.r + r` and panels `at.p + p` of this
+    // task; AVX-512F is available.
     unsafe {
         let mut xs = [job.x.as_ptr(); R];
         for (i, p) in xs.iter_mut().enumerate() {

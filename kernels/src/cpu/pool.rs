@@ -63,6 +63,9 @@ struct Shared {
 // claimable or running, and read by a thread only after it claimed a task of that loop (the claim's
 // acquire ordering makes the write visible); everything else is atomic or locked.
 unsafe impl Sync for Shared {}
+// SAFETY: the only field that is not `Send` is the raw `task` pointer, which owns nothing and points to
+// a `Sync` closure (`Task` is `dyn Fn(usize) + Sync`) that any thread may call; it is only dereferenced
+// under the protocol above, whichever thread holds the `Shared`.
 unsafe impl Send for Shared {}
 
 impl Shared {

@@ -45,6 +45,10 @@ pub(crate) fn quantize_rows(x: &[f32], rows: usize, k: usize) -> Vec<Q8Block> {
             };
             rows * k / 32
         ];
+        debug_assert!(
+            super::simd::Isa::Avx2.is_available(),
+            "quantize_rows without AVX2"
+        );
         // SAFETY: only called when `supported` (AVX2/F16C detected); `x` holds `rows * k` values.
         unsafe { avx2::quantize(&x[..rows * k], &mut out) };
         out
@@ -83,8 +87,12 @@ pub(crate) fn dot_tile(kind: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &m
     #[cfg(target_arch = "x86_64")]
     {
         let nb = ws.first().map_or(0, |w| w.len() / kind.block_bytes());
+        debug_assert!(super::simd::Isa::Avx2.is_available(), "dot_tile without AVX2");
+        // The format check matters for memory safety: `tile_dispatch!` runs any other kind as Q4_1,
+        // whose 20-byte blocks would make it read more of `xs` than the length check below allows.
         assert!(
-            (1..=4).contains(&xs.len())
+            matches!(kind, QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q4_1)
+                && (1..=4).contains(&xs.len())
                 && (1..=2).contains(&ws.len())
                 && ws.iter().all(|w| w.len() == nb * kind.block_bytes())
                 && xs.iter().all(|x| x.len() >= nb),
@@ -143,6 +151,11 @@ macro_rules! tile_dispatch {
         }
     };
     (@go $tile:ident, $k:ident, $r:literal, $c:literal, $ws:ident, $xs:ident, $out:ident) => {{
+        // SAFETY: expanded only in `qdot::avx2::dot_tile` and `qdot_avx512::dot_tile`, whose
+        // `# Safety` (upheld by their callers) gives the CPU extensions `$tile` needs and a supported
+        // format whose code `$k` has the same block size, with every `$ws[c]` holding `nb` whole blocks
+        // and every `$xs[r]` at least `nb`; `$tile` indexes `$ws`/`$xs` with bounds checks for its
+        // `$c`/`$r` rows (equal to their lengths here, within 1..=4).
         let t = unsafe { $tile::<$k, $r, $c>($ws, $xs) };
         for r in 0..$r {
             $out[r][..$c].copy_from_slice(&t[r]);
@@ -157,8 +170,14 @@ pub(super) mod avx2 {
     use crate::quant::QuantKind;
     use std::arch::x86_64::*;
 
+    /// The little-endian f16 at `p`, widened.
+    ///
+    /// # Safety
+    /// `p..p + 2` must be readable and F16C available.
     #[inline(always)]
     pub(in crate::cpu) unsafe fn f16_at(p: *const u8) -> f32 {
+        // SAFETY: only the two bytes at `p` and `p + 1` are read (readable by our contract, and `u8`
+        // needs no alignment); `_mm_cvtph_ps` needs F16C, which our contract gives.
         unsafe {
             let bits = (p.read() as i32) | ((p.add(1).read() as i32) << 8);
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
@@ -167,8 +186,13 @@ pub(super) mod avx2 {
 
     /// The 32 4-bit values of a Q4 block as unsigned bytes in element order (low nibbles are elements
     /// 0–15, high nibbles 16–31, as in ggml).
+    ///
+    /// # Safety
+    /// `p..p + 16` must be readable (any alignment) and AVX available.
     #[inline(always)]
     pub(in crate::cpu) unsafe fn nibbles(p: *const u8) -> __m256i {
+        // SAFETY: the unaligned `_mm_loadu_si128` reads the 16 readable bytes at `p` (our contract);
+        // the rest is register-only SSE2 and AVX (`_mm256_set_m128i`), which our contract gives.
         unsafe {
             let qs = _mm_loadu_si128(p.cast());
             let mask = _mm_set1_epi8(0x0F);
@@ -180,9 +204,15 @@ pub(super) mod avx2 {
 
     /// Each block of 32: `d = max|x| / 127`, `q = round_even(x · 127 / max|x|)`, `s = d · Σq`, with `d`
     /// and `s` rounded to f16 (ggml's `quantize_row_q8_1` for AVX2).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available (any lengths: whole blocks of `x` pair with `out`).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn quantize(x: &[f32], out: &mut [Q8Block]) {
         for (blk, o) in x.chunks_exact(32).zip(out.iter_mut()) {
+            // SAFETY: `blk` is a `chunks_exact(32)` chunk, so the four unaligned 8-lane loads at 0, 8,
+            // 16 and 24 stay inside it, and the unaligned 32-byte store fills exactly `o.qs`; the
+            // intrinsics need AVX2/FMA/F16C, enabled here and guaranteed by our caller (`# Safety`).
             unsafe {
                 let p = blk.as_ptr();
                 let v = [
@@ -230,10 +260,19 @@ pub(super) mod avx2 {
         }
     }
 
+    /// [`super::dot_tile`] once its shapes are checked.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `kind` is Q8_0, Q4_0 or Q4_1; `ws` holds 1–2 rows and `xs`
+    /// 1–4, every `ws[c]` exactly `nb` whole blocks of `kind` and every `xs[r]` at least `nb` blocks
+    /// (what [`super::dot_tile`] asserts).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_tile(kind: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &mut [[f32; 2]; 4]) {
         if ws.len() == 1 && xs.len() == 1 {
             // Decode: the plain loop (the generic tile is slower here); the same operations.
+            // SAFETY: `dot1` needs only the extensions enabled here, which our caller guarantees
+            // (`# Safety`); it reads `ws[0]` block by block with `chunks_exact` and indexes `xs[0]`
+            // with bounds checks.
             out[0][0] = unsafe { dot1(kind, ws[0], xs[0]) };
             return;
         }
@@ -241,6 +280,10 @@ pub(super) mod avx2 {
     }
 
     /// One activation row against one weight row, with exactly [`tile`]'s operations per block.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available (any lengths: blocks are read with `chunks_exact`, `x` with
+    /// bounds checks).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot1(kind: QuantKind, w: &[u8], x: &[Q8Block]) -> f32 {
         use crate::cpu::simd::{Avx2, Simd};
@@ -251,6 +294,11 @@ pub(super) mod avx2 {
         let mut extra = 0.0f32;
         for (b, blk) in w.chunks_exact(bb).enumerate() {
             let p = blk.as_ptr();
+            // SAFETY: `blk` is exactly `bb = kind.block_bytes()` bytes (`chunks_exact`) and every read
+            // stays inside it: the scale at 0..2, then Q8_0 (34 bytes) 32 values at 2..34, Q4_0 (18) 16
+            // bytes at 2..18, Q4_1 (20) its minimum at 2..4 and 16 bytes at 4..20 (the `_` arm, whose
+            // 20 bytes also fit any larger block); loads are unaligned; `xb` is a checked index; the
+            // extensions are enabled here and guaranteed by our caller (`# Safety`).
             unsafe {
                 let dw = f16_at(p);
                 let (wv, signed) = match kind {
@@ -274,11 +322,17 @@ pub(super) mod avx2 {
                 }
             }
         }
+        // SAFETY: `Avx2::hsum` needs AVX, enabled here and guaranteed by our caller (`# Safety`).
         unsafe { Avx2::hsum(acc) + extra }
     }
 
     /// `R` activation rows against `C` weight rows. Every (row, column) output is the same operation
     /// sequence whatever `R` and `C` are (the tile only shares loads).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; with `nb = ws[0].len() / code_block_bytes(K)`, every
+    /// `ws[c]` (`c < C`) holds at least `nb` blocks of format `K` and every `xs[r]` (`r < R`) at least
+    /// `nb` blocks (`ws` and `xs` themselves are indexed with bounds checks).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile<const K: u8, const R: usize, const C: usize>(
         ws: &[&[u8]],
@@ -287,6 +341,11 @@ pub(super) mod avx2 {
         use crate::cpu::simd::{Avx2, Simd};
         let bb = code_block_bytes(K);
         let nb = ws[0].len() / bb;
+        // SAFETY: for `b < nb`, block `b` of `ws[c]` starts at `b · bb` and lies inside it (our
+        // contract), and the reads within a block end at its byte 34 (Q8_0), 18 (Q4_0) or 20 (Q4_1) —
+        // its size `bb` — as in `dot1`; `xs[r].as_ptr().add(b)` is one of its at least `nb` blocks,
+        // aligned as an element of a `&[Q8Block]`, and `qs` is read unaligned; the extensions are
+        // enabled here and guaranteed by our caller (`# Safety`).
         unsafe {
             let ones = _mm256_set1_epi16(1);
             let eight = _mm256_set1_epi8(8);

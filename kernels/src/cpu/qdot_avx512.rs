@@ -29,8 +29,9 @@ pub(crate) const COLS: usize = 4;
 /// `out[r][c] = dot(ws[c], xs[r])` for up to [`ROWS`] activation rows and [`COLS`] weight rows.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VL/VNNI (and AVX2, F16C); every `ws[c]` holds `nb` whole blocks of
-/// `kind` and every `xs[r]` at least `nb` blocks.
+/// The CPU must support AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C); `kind` is Q8_0, Q4_0 or Q4_1; `ws`
+/// holds 1–[`COLS`] rows and `xs` 1–[`ROWS`]; every `ws[c]` holds `nb` whole blocks of `kind` and every
+/// `xs[r]` at least `nb` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn dot_tile(
     kind: QuantKind,
@@ -38,12 +39,27 @@ pub(crate) unsafe fn dot_tile(
     xs: &[&[Q8Block]],
     out: &mut [[f32; COLS]; ROWS],
 ) {
+    // The shapes `qdot::dot_tile` asserts for AVX2; here the caller's (`matmul_q8` builds them).
+    debug_assert!(
+        matches!(kind, QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q4_1)
+            && (1..=ROWS).contains(&xs.len())
+            && (1..=COLS).contains(&ws.len())
+            && ws.iter().all(|w| w.len() == ws[0].len())
+            && ws[0].len().is_multiple_of(kind.block_bytes())
+            && xs.iter().all(|x| x.len() >= ws[0].len() / kind.block_bytes()),
+        "dot_tile shapes"
+    );
     tile_dispatch!(tile, kind, ws, xs, out, [1, 2, 3], 4)
 }
 
 /// Weight values of one block as 32 bytes in element order: signed for Q8_0/Q4_0, unsigned for Q4_1.
+///
+/// # Safety
+/// `p` points to a whole readable block of format `K` (`code_block_bytes(K)` bytes); AVX2 available.
 #[inline(always)]
 unsafe fn wblock<const K: u8>(p: *const u8) -> __m256i {
+    // SAFETY: the reads stay in the block (our contract): Q8_0 bytes 2..34 of 34, Q4_0 2..18 of 18,
+    // Q4_1 4..20 of 20, all unaligned loads; AVX2 (and the AVX `nibbles` needs) is available.
     unsafe {
         match K {
             Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
@@ -54,14 +70,22 @@ unsafe fn wblock<const K: u8>(p: *const u8) -> __m256i {
 }
 
 /// Two 256-bit halves as one register (`hi` in lanes 8–15).
+///
+/// # Safety
+/// AVX-512F must be available.
 #[inline(always)]
 unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    // SAFETY: register-only AVX-512F intrinsics; AVX-512F is available (our contract).
     unsafe { _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1) }
 }
 
 /// Two scalars spread over the halves of a register.
+///
+/// # Safety
+/// AVX-512F must be available.
 #[inline(always)]
 unsafe fn join_ps(lo: f32, hi: f32) -> __m512 {
+    // SAFETY: register-only AVX-512F and AVX intrinsics; both are available (our contract).
     unsafe {
         let lo = _mm512_castps_pd(_mm512_set1_ps(lo));
         _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_set1_ps(hi)), 1))
@@ -69,9 +93,14 @@ unsafe fn join_ps(lo: f32, hi: f32) -> __m512 {
 }
 
 /// The 16 lanes summed in a fixed tree (halves, then the AVX2 tree).
+///
+/// # Safety
+/// AVX-512F and AVX2 must be available.
 #[inline(always)]
 unsafe fn hsum16(v: __m512) -> f32 {
     use crate::cpu::simd::{Avx2, Simd};
+    // SAFETY: register-only AVX-512F and AVX intrinsics, and `Avx2::hsum`, which needs AVX; all are
+    // available (our contract).
     unsafe {
         let lo = _mm512_castps512_ps256(v);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
@@ -79,12 +108,20 @@ unsafe fn hsum16(v: __m512) -> f32 {
     }
 }
 
+/// `R` activation rows against `C` weight rows of format `K`.
+///
+/// # Safety
+/// The extensions of [`dot_tile`] must be available; with `nb = ws[0].len() / code_block_bytes(K)`,
+/// every `ws[c]` (`c < C`) holds at least `nb` blocks of format `K` and every `xs[r]` (`r < R`) at least
+/// `nb` blocks (`ws` and `xs` themselves are indexed with bounds checks).
 #[inline(always)]
 unsafe fn tile<const K: u8, const R: usize, const C: usize>(
     ws: &[&[u8]],
     xs: &[&[Q8Block]],
 ) -> [[f32; C]; R] {
     let nb = ws[0].len() / code_block_bytes(K);
+    // SAFETY: `pair` gets blocks `b` and `b + 1` only while `b + 2 ≤ nb`, and block `b < nb` alone
+    // otherwise, within the `nb` blocks of every row (our contract); the extensions are ours too.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         let mut extra = [[0.0f32; C]; R];
@@ -108,6 +145,10 @@ unsafe fn tile<const K: u8, const R: usize, const C: usize>(
 }
 
 /// Blocks `b` and `b + 1` (only `b` when not `TWO`) of every row and column of the tile.
+///
+/// # Safety
+/// The extensions of [`dot_tile`] must be available; block `b` (and `b + 1` when `TWO`) exists in every
+/// `ws[c]` (`c < C`, format `K`) and every `xs[r]` (`r < R`).
 #[inline(always)]
 unsafe fn pair<const K: u8, const R: usize, const C: usize, const TWO: bool>(
     ws: &[&[u8]],
@@ -117,6 +158,10 @@ unsafe fn pair<const K: u8, const R: usize, const C: usize, const TWO: bool>(
     extra: &mut [[f32; C]; R],
 ) {
     let bb = code_block_bytes(K);
+    // SAFETY: by our contract `p = ws[c] + b·bb` starts block `b`, and with `TWO` block `b + 1` follows
+    // at `p + bb`, so `wblock` and the f16 reads (offsets 0..4 of a block) stay inside whole blocks;
+    // `x = xs[r] + b` (and `x + 1` with `TWO`) are existing, aligned elements of a `&[Q8Block]`, so
+    // the references `&*x` are valid, and their `qs` are read unaligned; the extensions are ours.
     unsafe {
         let zero = _mm512_setzero_si512();
         let top = _mm512_set1_epi8(-128);

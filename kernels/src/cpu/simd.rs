@@ -15,6 +15,11 @@
 use half::{bf16, f16};
 
 /// The instruction set the CPU kernels use.
+///
+/// Invariant (the kernels' `unsafe` blocks rely on it): a kernel is only handed an `Isa` whose
+/// instructions this CPU has. [`Isa::detect`] checks them with `is_x86_feature_detected!`,
+/// `CpuKernels::with_isa` asserts them (`Isa::is_available`), and the tests pass only the detected
+/// ISA or a lesser one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     /// Plain Rust on `[f32; 8]` lanes; runs everywhere.
@@ -29,24 +34,38 @@ pub enum Isa {
 impl Isa {
     /// The best instruction set this CPU supports.
     pub fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
-                if std::env::var_os("MODELFLEET_NO_AVX512").is_none()
-                    && is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vl")
-                    && is_x86_feature_detected!("avx512vnni")
-                {
-                    return Isa::Avx512;
-                }
-                return Isa::Avx2;
+        if Isa::Avx2.is_available() {
+            if std::env::var_os("MODELFLEET_NO_AVX512").is_none() && Isa::Avx512.is_available() {
+                return Isa::Avx512;
             }
+            return Isa::Avx2;
         }
         Isa::Portable
+    }
+
+    /// Whether this CPU has every extension `self` uses (what [`Isa::detect`] checks, without its
+    /// `MODELFLEET_NO_AVX512` switch). Off x86-64 only [`Isa::Portable`] is.
+    pub(crate) fn is_available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            match self {
+                Isa::Portable => true,
+                Isa::Avx2 => avx2,
+                Isa::Avx512 => {
+                    avx2 && is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
+                        && is_x86_feature_detected!("avx512vnni")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Portable
+        }
     }
 
     /// Whether the AVX2 (+FMA, F16C) instructions are available.
@@ -58,8 +77,10 @@ impl Isa {
 /// Element types a weight can be loaded from, 8 at a time, as f32 lanes.
 pub(crate) trait Elem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
+    /// Eight elements from `p`, widened to f32 lanes.
+    ///
     /// # Safety
-    /// `p..p+8` must be readable.
+    /// `p..p+8` must be readable (any alignment), and `S`'s instruction set available (see [`Simd`]).
     unsafe fn load<S: Simd>(p: *const Self) -> S::V;
 }
 
@@ -70,6 +91,7 @@ impl Elem for f32 {
     }
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        // SAFETY: `Elem::load`'s contract (8 readable f32 at `p`, `S` available) is `S::load`'s.
         unsafe { S::load(p) }
     }
 }
@@ -81,6 +103,9 @@ impl Elem for f16 {
     }
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        // SAFETY: `f16` is `repr(transparent)` over its `u16` bits, so the cast pointer addresses the
+        // same 8 readable elements (`Elem::load`'s contract) that `S::load_f16` reads; `S` is available
+        // by the same contract.
         unsafe { S::load_f16(p.cast()) }
     }
 }
@@ -92,42 +117,91 @@ impl Elem for bf16 {
     }
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        // SAFETY: `bf16` is `repr(transparent)` over its `u16` bits, so the cast pointer addresses the
+        // same 8 readable elements (`Elem::load`'s contract) that `S::load_bf16` reads; `S` is available
+        // by the same contract.
         unsafe { S::load_bf16(p.cast()) }
     }
 }
 
 /// Eight f32 lanes.
+///
+/// # Safety
+/// Every `unsafe fn` here may execute the implementation's instructions, so it may only be called
+/// where they exist: [`Avx2`]'s need AVX2, FMA and F16C, which in practice means from inside the
+/// `#[target_feature(enable = "avx2,fma,f16c")]` entry points (`run_avx2`, `silu_mul_avx2`, …) that
+/// the kernels reach only for a detected [`Isa`] (see its invariant); [`Portable`] needs nothing.
+/// The pointer methods also need the memory of their 8 lanes (any alignment), as each one says.
 pub(crate) trait Simd: Copy + Send + Sync + 'static {
     type V: Copy;
     /// All lanes zero.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available (see [`Simd`]).
     unsafe fn zero() -> Self::V;
     /// All lanes `v`.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn splat(v: f32) -> Self::V;
     /// Eight f32 from `p`.
+    ///
+    /// # Safety
+    /// `p..p + 8` must be readable f32 (any alignment); `Self`'s instruction set available.
     unsafe fn load(p: *const f32) -> Self::V;
     /// Eight f16 (as bits) from `p`, widened.
+    ///
+    /// # Safety
+    /// `p..p + 8` must be readable u16 (any alignment); `Self`'s instruction set available.
     unsafe fn load_f16(p: *const u16) -> Self::V;
     /// Eight bf16 (as bits) from `p`, widened.
+    ///
+    /// # Safety
+    /// `p..p + 8` must be readable u16 (any alignment); `Self`'s instruction set available.
     unsafe fn load_bf16(p: *const u16) -> Self::V;
     /// Eight f32 to `p`.
+    ///
+    /// # Safety
+    /// `p..p + 8` must be writable f32 (any alignment); `Self`'s instruction set available.
     unsafe fn store(p: *mut f32, v: Self::V);
     /// `a * b + c` (fused on AVX2).
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn mul_add(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `a * b`.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     /// `a + b`.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     /// `a - b`.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     /// `a / b`.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
     /// Sum of the lanes in a fixed order.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn hsum(v: Self::V) -> f32;
     /// Scalar `a * b + c`, fused exactly when [`Simd::mul_add`] is.
     fn scalar_mul_add(a: f32, b: f32, c: f32) -> f32;
     /// `e^x` per lane: `f32::exp` on the portable ISA; on AVX2 a vectorised Cephes-style evaluation
     /// (range reduction by `ln 2`, a degree-7 polynomial, the exponent set directly; within 2 ulp of
     /// the true value over the normal range, tested), 0 far below the subnormals, NaN for NaN.
+    ///
+    /// # Safety
+    /// `Self`'s instruction set must be available.
     unsafe fn exp(x: Self::V) -> Self::V;
     /// A hint to bring the line at `p` into the cache; never faults (any address is fine).
     #[inline(always)]
@@ -152,20 +226,25 @@ impl Simd for Portable {
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: `p..p + 8` is readable (`Simd::load`'s contract) and `read_unaligned` needs no
+        // alignment; any bits are a valid `[f32; 8]`.
         unsafe { p.cast::<[f32; 8]>().read_unaligned() }
     }
     #[inline(always)]
     unsafe fn load_f16(p: *const u16) -> Self::V {
+        // SAFETY: `p..p + 8` is readable (`Simd::load_f16`'s contract); unaligned read of plain `u16`s.
         let bits = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
         bits.map(|b| f16::from_bits(b).to_f32())
     }
     #[inline(always)]
     unsafe fn load_bf16(p: *const u16) -> Self::V {
+        // SAFETY: `p..p + 8` is readable (`Simd::load_bf16`'s contract); unaligned read of plain `u16`s.
         let bits = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
         bits.map(|b| f32::from_bits((b as u32) << 16))
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: `p..p + 8` is writable (`Simd::store`'s contract); `write_unaligned` needs no alignment.
         unsafe { p.cast::<[f32; 8]>().write_unaligned(v) }
     }
     #[inline(always)]
@@ -213,7 +292,8 @@ mod avx2 {
     use super::Simd;
     use std::arch::x86_64::*;
 
-    /// AVX2 + FMA + F16C; only used after [`super::Isa::detect`] found them.
+    /// AVX2 + FMA + F16C; only used after [`super::Isa::detect`] found them. Every method below relies
+    /// on [`Simd`]'s contract that its caller runs where AVX2, FMA and F16C are available.
     #[derive(Clone, Copy)]
     pub(crate) struct Avx2;
 
@@ -221,22 +301,31 @@ mod avx2 {
         type V = __m256;
         #[inline(always)]
         unsafe fn zero() -> Self::V {
+            // SAFETY: `_mm256_setzero_ps` needs AVX, which the caller guarantees (`Simd`'s contract).
             unsafe { _mm256_setzero_ps() }
         }
         #[inline(always)]
         unsafe fn splat(v: f32) -> Self::V {
+            // SAFETY: `_mm256_set1_ps` needs AVX, which the caller guarantees (`Simd`'s contract).
             unsafe { _mm256_set1_ps(v) }
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Self::V {
+            // SAFETY: the caller guarantees `p..p + 8` readable and AVX available (`Simd::load`); the
+            // `loadu` form has no alignment requirement.
             unsafe { _mm256_loadu_ps(p) }
         }
         #[inline(always)]
         unsafe fn load_f16(p: *const u16) -> Self::V {
+            // SAFETY: 8 u16 at `p` are the 16 readable bytes the unaligned `_mm_loadu_si128` reads
+            // (`Simd::load_f16`'s contract); `_mm256_cvtph_ps` needs F16C, which the caller guarantees.
             unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
         }
         #[inline(always)]
         unsafe fn load_bf16(p: *const u16) -> Self::V {
+            // SAFETY: 8 u16 at `p` are the 16 readable bytes the unaligned `_mm_loadu_si128` reads
+            // (`Simd::load_bf16`'s contract); the widening and shift need AVX2, which the caller
+            // guarantees.
             unsafe {
                 let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
                 _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16))
@@ -244,30 +333,39 @@ mod avx2 {
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: Self::V) {
+            // SAFETY: the caller guarantees `p..p + 8` writable and AVX available (`Simd::store`); the
+            // `storeu` form has no alignment requirement.
             unsafe { _mm256_storeu_ps(p, v) }
         }
         #[inline(always)]
         unsafe fn mul_add(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+            // SAFETY: `_mm256_fmadd_ps` needs FMA, which the caller guarantees (`Simd`'s contract).
             unsafe { _mm256_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
         unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+            // SAFETY: `_mm256_mul_ps` needs AVX, which the caller guarantees (`Simd`'s contract).
             unsafe { _mm256_mul_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+            // SAFETY: `_mm256_add_ps` needs AVX, which the caller guarantees (`Simd`'s contract).
             unsafe { _mm256_add_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn sub(a: Self::V, b: Self::V) -> Self::V {
+            // SAFETY: `_mm256_sub_ps` needs AVX, which the caller guarantees (`Simd`'s contract).
             unsafe { _mm256_sub_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn div(a: Self::V, b: Self::V) -> Self::V {
+            // SAFETY: `_mm256_div_ps` needs AVX, which the caller guarantees (`Simd`'s contract).
             unsafe { _mm256_div_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn hsum(v: Self::V) -> f32 {
+            // SAFETY: register-only AVX (the 128-bit extract) and SSE (baseline on x86-64) shuffles and
+            // adds; the caller guarantees AVX (`Simd`'s contract).
             unsafe {
                 let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
                 let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -280,6 +378,9 @@ mod avx2 {
         }
         #[inline(always)]
         unsafe fn exp(x: Self::V) -> Self::V {
+            // SAFETY: register-only AVX (min, max, round, mul, convert), FMA (`fmadd`, `fnmadd`) and
+            // AVX2 (the 256-bit integer add, sub and shifts) intrinsics; the caller guarantees all three
+            // (`Simd`'s contract).
             unsafe {
                 // x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split in two for an exact product), then
                 // e^r by its Taylor polynomial (Cephes `expf` coefficients) and 2^n through the
@@ -317,9 +418,16 @@ mod avx2 {
 
 /// `out[i] = e^(x[i] - shift)` ([`Simd::exp`]); a tail shorter than 8 lanes is padded, so every element
 /// gets the same operations whatever its position.
+///
+/// # Safety
+/// `S`'s instruction set must be available (see [`Simd`]); the slices may have any lengths (the shorter
+/// one bounds the work).
 #[inline(always)]
 pub(crate) unsafe fn exp_shifted<S: Simd>(x: &[f32], shift: f32, out: &mut [f32]) {
     let n = x.len().min(out.len());
+    // SAFETY: `S` is available (our contract). Memory is only touched through `load_padded` and
+    // `store_part` on the checked subslices `x[i..n]` and `out[i..n]` (`i < n`, both as long), and the
+    // `full` flag passed to `store_part` is `load_padded`'s for a slice of that same length.
     unsafe {
         let sv = S::splat(shift);
         let mut i = 0;
@@ -333,9 +441,14 @@ pub(crate) unsafe fn exp_shifted<S: Simd>(x: &[f32], shift: f32, out: &mut [f32]
 }
 
 /// `out[i] = x[i] / (1 + e^-x[i])` (SiLU), with the same padding as [`exp_shifted`].
+///
+/// # Safety
+/// As for [`exp_shifted`]: `S`'s instruction set must be available.
 #[inline(always)]
 pub(crate) unsafe fn silu<S: Simd>(x: &[f32], out: &mut [f32]) {
     let n = x.len().min(out.len());
+    // SAFETY: as in `exp_shifted`: `S` is available (our contract), and memory is only touched through
+    // `load_padded`/`store_part` on the equally long checked subslices `x[i..n]` and `out[i..n]`.
     unsafe {
         let one = S::splat(1.0);
         let mut i = 0;
@@ -349,8 +462,13 @@ pub(crate) unsafe fn silu<S: Simd>(x: &[f32], out: &mut [f32]) {
 }
 
 /// The first 8 elements of `x` (zero-padded when shorter) and whether there were 8.
+///
+/// # Safety
+/// `S`'s instruction set must be available.
 #[inline(always)]
 unsafe fn load_padded<S: Simd>(x: &[f32]) -> (S::V, bool) {
+    // SAFETY: 8 lanes are loaded from `x` only when `x.len() >= 8`, otherwise from the local 8-element
+    // `pad`; `S` is available (our contract).
     unsafe {
         if x.len() >= 8 {
             (S::load(x.as_ptr()), true)
@@ -363,8 +481,19 @@ unsafe fn load_padded<S: Simd>(x: &[f32]) -> (S::V, bool) {
 }
 
 /// Stores the lanes of `v` that `out` has room for (all 8 when `full`).
+///
+/// # Safety
+/// `S`'s instruction set must be available, and `out` must hold at least 8 elements when `full`.
 #[inline(always)]
 unsafe fn store_part<S: Simd>(v: S::V, out: &mut [f32], full: bool) {
+    debug_assert!(
+        !full || out.len() >= 8,
+        "a full store into {} elements",
+        out.len()
+    );
+    // SAFETY: with `full`, `out` holds at least 8 elements (our contract, checked above in debug
+    // builds); otherwise the 8 lanes go to the local `res` and only `min(len, 8)` of them are copied
+    // with checked slicing. `S` is available (our contract).
     unsafe {
         if full {
             S::store(out.as_mut_ptr(), v);
@@ -378,9 +507,14 @@ unsafe fn store_part<S: Simd>(v: S::V, out: &mut [f32], full: bool) {
 }
 
 /// `y = a * y` in place.
+///
+/// # Safety
+/// `S`'s instruction set must be available.
 #[inline(always)]
 pub(crate) unsafe fn scale<S: Simd>(a: f32, y: &mut [f32]) {
     let n8 = y.len() / 8 * 8;
+    // SAFETY: each load and store covers `y[i..i + 8]` with `i + 8 <= n8 <= y.len()` (the loop
+    // condition, `n8` being the length rounded down to a multiple of 8); `S` is available (our contract).
     unsafe {
         let av = S::splat(a);
         let mut i = 0;
@@ -405,6 +539,8 @@ mod tests {
         out
     }
 
+    /// # Safety
+    /// AVX2, FMA and F16C must be available.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn exp_avx2(x: &[f32]) -> Vec<f32> {
