@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Reference logits from llama.cpp for runtime/server/tests/llamacpp_reference.rs.
+"""Reference logits from llama.cpp for runtime/engine/tests/llamacpp_reference.rs.
 
 llama.cpp's own code computes every number here: the high-level `Llama` class of the
 `llama-cpp-python` sdist (its Python sources, unmodified) over the `libllama` that
 bench/llamacpp/build.sh built from the llama.cpp tree vendored in that same sdist.
 
-    bench/llamacpp/reference.py            # rewrites runtime/server/tests/data/llamacpp_reference.bin
+    bench/llamacpp/reference.py            # rewrites runtime/engine/tests/data/llamacpp_reference.bin
 
 Cases (same token ids fed to both sides; llama.cpp picks the 64-token greedy continuation):
   tiny-f32     `modelfleet-runtime gen-model DIR --shape tiny --seed 7 --format gguf --dtype f32`
@@ -27,7 +27,7 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
-OUT = REPO / "runtime/server/tests/data/llamacpp_reference.bin"
+OUT = REPO / "runtime/engine/tests/data/llamacpp_reference.bin"
 TOP_K = 64
 GENERATE = 64
 

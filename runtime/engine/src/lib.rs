@@ -1,7 +1,8 @@
 //! The modelfleet inference engine: model loading, the Llama-family forward pass over a ragged batch
 //! with a paged KV cache, tokenization and chat templates, sampling and stopping. No HTTP, no serde wire
-//! types, no I/O beyond loading a model directory — `runtime/server` is the only crate that talks to the
-//! network, and the scheduler (Engine II) drives what is here.
+//! types, no I/O beyond reading model and adapter directories (to load them, or to hash them:
+//! [`digest`]) — `runtime/server` is the crate that talks to the network, and the scheduler (Engine II)
+//! drives what is here.
 //!
 //! Tour (in the order a request meets it):
 //! - [`tokenizer`]: `tokenizer.json`, the Jinja chat template of `tokenizer_config.json`,
@@ -20,6 +21,9 @@
 //! - [`sequence`]: one request's generation state (sampler RNG, penalties, stop checker, detokenizer)
 //!   turning a row of logits into the next token and its text.
 //! - [`ModelDir`]: everything in a Hugging Face model directory or GGUF file, loaded together.
+//! - [`digest`]: the canonical content digest of a model or adapter directory (docs/design.md,
+//!   "Canonical digest"), what an adapter's [`lora::AdapterIdentity`] carries and the runtime verifies
+//!   fetched artifacts against.
 //! - [`Engine`]: what the scheduler's step loop owns — model, backend, KV storage — and `step`.
 //!
 //! Architecture invariants:
@@ -29,6 +33,7 @@
 //! - Nothing here panics on bad input files or parameters.
 
 pub mod constraint;
+pub mod digest;
 mod engine;
 pub mod error;
 pub mod kv;

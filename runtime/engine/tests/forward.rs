@@ -1,4 +1,4 @@
-//! Forward-pass properties on small random models written to a temporary directory: batch invariance
+//! Forward-pass properties on the testkit's tiny Qwen2 (random weights): batch invariance
 //! (bit-identical logits alone or in any batch), chunked prefill and decode agreeing bit for bit with one
 //! full prefill, weights in f16/bf16 and an f16 KV cache close to f32, and malformed batches reported as
 //! errors.
@@ -8,11 +8,16 @@ use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
 use modelfleet_engine::model::{LlamaModel, LogitsRows, ModelConfig, SeqInput, Weights};
 use modelfleet_kernels::KvDType;
 use modelfleet_kernels::cpu::CpuKernels;
-use safetensors::tensor::{Dtype, TensorView};
-use std::path::Path;
+use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
+use safetensors::tensor::Dtype;
 
-const VOCAB: usize = 96;
+mod common;
 
+/// The tiny shapes' vocabulary and context (`Shape::TinyQwen2`; the fixture checks them).
+const VOCAB: usize = 512;
+const MAX_POS: usize = 2048;
+
+/// Deterministic values in [-scale, scale) (the test prompts' token ids).
 fn lcg(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
@@ -25,85 +30,26 @@ fn lcg(seed: u64, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Writes a 2-layer Qwen2-style model (GQA 4/2 heads, q/k/v bias, untied head) in `dtype`.
-fn write_model(dir: &Path, dtype: Dtype) {
-    let (h, hd, heads, kv, inter, layers) = (32usize, 8usize, 4usize, 2usize, 48usize, 2usize);
-    let config = format!(
-        r#"{{"architectures":["Qwen2ForCausalLM"],"hidden_size":{h},"intermediate_size":{inter},
-        "num_hidden_layers":{layers},"num_attention_heads":{heads},"num_key_value_heads":{kv},"vocab_size":{VOCAB},
-        "max_position_embeddings":256,"rms_norm_eps":1e-6,"rope_theta":10000.0,"tie_word_embeddings":false,
-        "hidden_act":"silu","use_sliding_window":false,"sliding_window":256}}"#
-    );
-    std::fs::write(dir.join("config.json"), config).unwrap();
-    let mut specs: Vec<(String, Vec<usize>)> = vec![
-        ("model.embed_tokens.weight".into(), vec![VOCAB, h]),
-        ("model.norm.weight".into(), vec![h]),
-        ("lm_head.weight".into(), vec![VOCAB, h]),
-    ];
-    for l in 0..layers {
-        let p = format!("model.layers.{l}");
-        for (n, s) in [
-            ("input_layernorm.weight", vec![h]),
-            ("post_attention_layernorm.weight", vec![h]),
-            ("self_attn.q_proj.weight", vec![heads * hd, h]),
-            ("self_attn.q_proj.bias", vec![heads * hd]),
-            ("self_attn.k_proj.weight", vec![kv * hd, h]),
-            ("self_attn.k_proj.bias", vec![kv * hd]),
-            ("self_attn.v_proj.weight", vec![kv * hd, h]),
-            ("self_attn.v_proj.bias", vec![kv * hd]),
-            ("self_attn.o_proj.weight", vec![h, heads * hd]),
-            ("mlp.gate_proj.weight", vec![inter, h]),
-            ("mlp.up_proj.weight", vec![inter, h]),
-            ("mlp.down_proj.weight", vec![h, inter]),
-        ] {
-            specs.push((format!("{p}.{n}"), s));
-        }
-    }
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = specs
-        .into_iter()
-        .enumerate()
-        .map(|(i, (name, shape))| {
-            let n: usize = shape.iter().product();
-            let vals = if name.ends_with("norm.weight") {
-                lcg(i as u64, n, 0.2).iter().map(|v| 1.0 + v).collect()
-            } else {
-                lcg(i as u64, n, 1.7 / (shape[shape.len() - 1] as f32).sqrt())
-            };
-            let bytes = match dtype {
-                Dtype::F16 => vals
-                    .iter()
-                    .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-                    .collect(),
-                Dtype::BF16 => vals
-                    .iter()
-                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-                    .collect(),
-                _ => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            };
-            (name, shape, bytes)
-        })
-        .collect();
-    let views: Vec<(String, TensorView<'_>)> = data
-        .iter()
-        .map(|(n, s, b)| (n.clone(), TensorView::new(dtype, s.clone(), b).unwrap()))
-        .collect();
-    std::fs::write(
-        dir.join("model.safetensors"),
-        safetensors::serialize(views, None).unwrap(),
-    )
-    .unwrap();
-}
-
 struct Fixture {
     kernels: CpuKernels,
     model: LlamaModel<CpuKernels>,
     _dir: tempfile::TempDir,
 }
 
+/// The testkit's tiny Qwen2 (2 layers, GQA 4/2 heads, q/k/v bias; random weights, seed 3) with its
+/// weights stored as `dtype` (the same values, rounded), on `threads` threads.
 fn fixture(dtype: Dtype, threads: usize) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    write_model(dir.path(), dtype);
+    let gen_dtype = match dtype {
+        Dtype::F16 => GenDType::F16,
+        Dtype::BF16 => GenDType::Bf16,
+        _ => GenDType::F32,
+    };
+    let dir = common::generated(Shape::TinyQwen2, 3, gen_dtype, GenFormat::Safetensors);
     let config = ModelConfig::from_file(&dir.path().join("config.json")).unwrap();
+    assert_eq!(
+        (config.vocab_size, config.max_position_embeddings),
+        (VOCAB, MAX_POS)
+    );
     let weights = Weights::open(dir.path()).unwrap();
     let kernels = CpuKernels::new(threads);
     let model = LlamaModel::load(&kernels, config, &weights).unwrap();
@@ -328,8 +274,8 @@ fn malformed_batches_are_errors() {
         (
             SeqInput {
                 tokens: &[1],
-                start_pos: 256,
-                block_table: &[0; 65],
+                start_pos: MAX_POS,
+                block_table: &[0; MAX_POS / 4 + 1],
                 logits: LogitsRows::Last,
                 adapter: None,
             },

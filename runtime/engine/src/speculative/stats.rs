@@ -1,5 +1,5 @@
 //! Pearson chi-square statistics for the sampling-exactness tests (the verifier's unit tests, the
-//! model-level marginals in `runtime/server/tests/spec_decode.rs`) and their negative controls: a
+//! model-level marginals in `runtime/engine/tests/spec_decode.rs`) and their negative controls: a
 //! goodness-of-fit test against known probabilities and a homogeneity test between two samples.
 //!
 //! Sparse categories are pooled into one bin until every bin's expected count is at least 5 (the usual

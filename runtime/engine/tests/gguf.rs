@@ -10,22 +10,13 @@ use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
 use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
 use modelfleet_engine::tokenizer::ChatMessage;
-use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
+use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
 use std::path::Path;
 
+mod common;
+
 fn generate(shape: Shape, dtype: GenDType, format: GenFormat) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    gen_model(
-        dir.path(),
-        &GenModelOptions {
-            shape,
-            seed: 11,
-            dtype,
-            format,
-        },
-    )
-    .unwrap();
-    dir
+    common::generated(shape, 11, dtype, format)
 }
 
 /// The chat prompt's tokens and the engine's logits at every position.

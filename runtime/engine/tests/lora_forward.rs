@@ -15,8 +15,8 @@ use modelfleet_engine::sched::{
 };
 use modelfleet_engine::speculative::SpecConfig;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
-use modelfleet_runtime::gen_adapter::gen_adapter;
-use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
+use modelfleet_testkit::gen_adapter::gen_adapter;
+use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
 use safetensors::tensor::{Dtype, TensorView};
 mod common;
 use std::path::Path;
@@ -24,20 +24,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 fn base_model(dir: &Path, shape: Shape) {
-    let opts = GenModelOptions {
-        shape,
-        seed: 5,
-        dtype: GenDType::F32,
-        format: GenFormat::Safetensors,
-    };
-    gen_model(dir, &opts).unwrap();
+    common::generate_into(dir, shape, 5, GenDType::F32, GenFormat::Safetensors);
 }
 
 fn load_adapter(dir: &Path, base: &Path, name: &str) -> Arc<LoraAdapter> {
     let cfg = ModelDir::open(base).unwrap().config;
     let identity = AdapterIdentity {
         name: name.into(),
-        digest: modelfleet_runtime::digest::digest_path(dir).unwrap(),
+        digest: modelfleet_engine::digest::digest_path(dir).unwrap(),
     };
     Arc::new(LoraAdapter::load(dir, &cfg, 64, identity).unwrap())
 }

@@ -1,10 +1,12 @@
-//! `modelfleet-runtime gen-model DIR --shape S --seed N [--dtype f32|f16|bf16]`: writes a random-weight
-//! Llama-family model in Hugging Face layout — `config.json`, `model.safetensors`, `tokenizer.json`
-//! (a working byte-level BPE), `tokenizer_config.json` (chat template, BOS/EOS) and
-//! `generation_config.json`. Tests, demos and benchmarks use it: weights are random, shapes are real.
+//! [`gen_model`] writes a random-weight Llama-family model in Hugging Face layout — `config.json`,
+//! `model.safetensors`, `tokenizer.json` (a working byte-level BPE), `tokenizer_config.json` (chat
+//! template, BOS/EOS) and `generation_config.json`. Tests, demos and benchmarks use it: weights are
+//! random, shapes are real.
 //!
-//! With `--format gguf` it writes one `model.gguf` instead (llama.cpp's format, tokenizer and template in
+//! With [`GenFormat::Gguf`] (`--format gguf`) it writes one `model.gguf` instead (llama.cpp's format, tokenizer and template in
 //! the metadata), with the same weights, optionally quantized to Q8_0 or Q4_0.
+//!
+//! `modelfleet-runtime gen-model DIR --shape S --seed N [--dtype D] [--format F]` is its command line.
 //!
 //! Invariants: the output is a pure function of (shape, seed, dtype, format) — byte-identical across
 //! runs and machines — so digests of generated models are stable; DIR is created if needed and only
@@ -79,42 +81,6 @@ pub enum GenModelError {
     /// The dtype does not exist in the format.
     #[error("--dtype {0:?} needs --format gguf")]
     DtypeNeedsGguf(GenDType),
-}
-
-/// The `gen-model` command line.
-#[derive(Debug, clap::Args)]
-pub struct GenModelArgs {
-    /// Directory to write (created if missing).
-    pub dir: PathBuf,
-    /// Architecture and size.
-    #[arg(long, value_enum)]
-    pub shape: Shape,
-    /// Seed of every random value; the same seed gives byte-identical files.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Weight dtype (q8_0 and q4_0 with `--format gguf` only).
-    #[arg(long, value_enum, default_value_t = GenDType::F32)]
-    pub dtype: GenDType,
-    /// File format.
-    #[arg(long, value_enum, default_value_t = GenFormat::Safetensors)]
-    pub format: GenFormat,
-}
-
-/// Runs `gen-model`, printing the error on failure.
-pub fn run(args: GenModelArgs) -> std::process::ExitCode {
-    let opts = GenModelOptions {
-        shape: args.shape,
-        seed: args.seed,
-        dtype: args.dtype,
-        format: args.format,
-    };
-    match gen_model(&args.dir, &opts) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("modelfleet-runtime gen-model: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
 }
 
 fn write(path: PathBuf, bytes: &[u8]) -> Result<(), GenModelError> {

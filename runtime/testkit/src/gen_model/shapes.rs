@@ -2,8 +2,9 @@
 //! and a tiny model per supported architecture, with each family's special tokens and chat template.
 //!
 //! Invariants: a shape's `config.json` parses with the engine's `ModelConfig` and with the
-//! `transformers`/`candle-transformers` config readers (tested in `tests/reference.rs`); special tokens
-//! take the first ids, so `bos_token_id`/`eos_token_id` are the same for every vocabulary size.
+//! `transformers`/`candle-transformers` config readers (tested in `runtime/engine/tests/reference.rs`);
+//! special tokens take the first ids, so `bos_token_id`/`eos_token_id` are the same for every vocabulary
+//! size.
 
 use serde_json::{Value, json};
 

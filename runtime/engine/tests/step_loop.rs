@@ -15,23 +15,13 @@ use modelfleet_engine::sched::{
 };
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig};
-use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const MAX_MODEL_LEN: usize = 512;
+mod common;
+use common::tiny_model;
 
-fn tiny_model() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let opts = GenModelOptions {
-        shape: Shape::Tiny,
-        seed: 7,
-        dtype: GenDType::F32,
-        format: GenFormat::Safetensors,
-    };
-    gen_model(dir.path(), &opts).unwrap();
-    dir
-}
+const MAX_MODEL_LEN: usize = 512;
 
 fn roomy() -> QueueLimits {
     QueueLimits {

@@ -16,23 +16,13 @@ use modelfleet_engine::sched::{
 };
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
-use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn tiny_model() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let opts = GenModelOptions {
-        shape: Shape::Tiny,
-        seed: 7,
-        dtype: GenDType::F32,
-        format: GenFormat::Safetensors,
-    };
-    gen_model(dir.path(), &opts).unwrap();
-    dir
-}
+mod common;
+use common::tiny_model;
 
 fn start(dir: &Path, num_kv_blocks: usize, max_num_seqs: usize) -> EngineHandle {
     let path = dir.to_path_buf();
@@ -369,7 +359,7 @@ fn constrained_requests_with_a_lora_adapter_are_valid_and_batch_with_the_base() 
     use modelfleet_engine::lora::{AdapterIdentity, LoraAdapter};
     let dir = tiny_model();
     let adir = tempfile::tempdir().unwrap();
-    modelfleet_runtime::gen_adapter::gen_adapter(adir.path(), dir.path(), 8, 3, &[]).unwrap();
+    modelfleet_testkit::gen_adapter::gen_adapter(adir.path(), dir.path(), 8, 3, &[]).unwrap();
     let cfg = ModelDir::open(dir.path()).unwrap().config;
     let identity = AdapterIdentity {
         name: "a".into(),

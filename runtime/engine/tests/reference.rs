@@ -17,8 +17,10 @@ use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
 use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sequence::Sequence;
 use modelfleet_engine::tokenizer::ChatMessage;
-use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
+use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
 use std::path::Path;
+
+mod common;
 
 const GENERATE: usize = 64;
 const TOLERANCE: f32 = 2e-2;
@@ -79,17 +81,7 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 fn check_shape(shape: Shape, dtype: GenDType) {
-    let dir = tempfile::tempdir().unwrap();
-    gen_model(
-        dir.path(),
-        &GenModelOptions {
-            shape,
-            seed: 7,
-            dtype,
-            format: GenFormat::Safetensors,
-        },
-    )
-    .unwrap();
+    let dir = common::generated(shape, 7, dtype, GenFormat::Safetensors);
     let md = ModelDir::open(dir.path()).unwrap();
     let template = md.chat_template.as_ref().unwrap();
     let text = template

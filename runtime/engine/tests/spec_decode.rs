@@ -14,7 +14,7 @@
 //! - a draft model with another tokenizer is refused at start-up, naming the difference.
 
 use candle_core::Device;
-use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+use candle_core::quantized::{GgmlDType, QTensor};
 use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sched::{
     EngineHandle, Finished, QueueLimits, Request, RequestEvent, RequestStream, SchedulerConfig, TenantLimits,
@@ -23,9 +23,9 @@ use modelfleet_engine::speculative::stats::homogeneity;
 use modelfleet_engine::speculative::{Rule, SpecConfig};
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
-use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
+use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
 mod common;
-use common::smollm2_gguf;
+use common::{requantized, smollm2_gguf};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -33,42 +33,9 @@ const MAX_MODEL_LEN: usize = 512;
 /// One-sided normal quantile of the chi-square tests' level (1e-4).
 const Z: f64 = 3.719;
 
+/// `shape` with random weights from `seed`, f32, in `format`.
 fn generated(shape: Shape, seed: u64, format: GenFormat) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let opts = GenModelOptions {
-        shape,
-        seed,
-        dtype: GenDType::F32,
-        format,
-    };
-    gen_model(dir.path(), &opts).unwrap();
-    dir
-}
-
-/// `src` rewritten by candle with every quantized tensor stored as `dtype` (f32 tensors kept).
-fn requantized(src: &Path, dtype: GgmlDType) -> tempfile::TempDir {
-    let mut f = std::fs::File::open(src).unwrap();
-    let content = gguf_file::Content::read(&mut f).unwrap();
-    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
-    names.sort();
-    let tensors: Vec<(String, QTensor)> = names
-        .into_iter()
-        .map(|name| {
-            let q = content.tensor(&mut f, name, &Device::Cpu).unwrap();
-            if q.dtype() == GgmlDType::F32 {
-                return (name.clone(), q);
-            }
-            let t = q.dequantize(&Device::Cpu).unwrap();
-            (name.clone(), QTensor::quantize(&t, dtype).unwrap())
-        })
-        .collect();
-    let metadata: Vec<(&str, &gguf_file::Value)> =
-        content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let dir = tempfile::tempdir().unwrap();
-    let mut out = std::io::BufWriter::new(std::fs::File::create(dir.path().join("model.gguf")).unwrap());
-    gguf_file::write(&mut out, &metadata, &refs).unwrap();
-    dir
+    common::generated(shape, seed, GenDType::F32, format)
 }
 
 /// A step loop over `target`, with `draft` attached when given (KV blocks of 16 tokens: 512 for the
@@ -307,28 +274,13 @@ fn repeating_prompt(h: &EngineHandle) -> Vec<u32> {
 /// `src` (a GGUF file) with its LM head multiplied by `factor`: a deliberately miscalibrated draft
 /// model (its distributions are the target's flattened), with the target's tokenizer.
 fn scaled_head(src: &Path, factor: f64) -> tempfile::TempDir {
-    let mut f = std::fs::File::open(src).unwrap();
-    let content = gguf_file::Content::read(&mut f).unwrap();
-    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
-    names.sort();
-    let tensors: Vec<(String, QTensor)> = names
-        .into_iter()
-        .map(|name| {
-            let q = content.tensor(&mut f, name, &Device::Cpu).unwrap();
-            if name != "output.weight" {
-                return (name.clone(), q);
-            }
-            let t = (q.dequantize(&Device::Cpu).unwrap() * factor).unwrap();
-            (name.clone(), QTensor::quantize(&t, q.dtype()).unwrap())
-        })
-        .collect();
-    let metadata: Vec<(&str, &gguf_file::Value)> =
-        content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let dir = tempfile::tempdir().unwrap();
-    let mut out = std::io::BufWriter::new(std::fs::File::create(dir.path().join("model.gguf")).unwrap());
-    gguf_file::write(&mut out, &metadata, &refs).unwrap();
-    dir
+    common::rewrite_gguf(src, |name, q| {
+        if name != "output.weight" {
+            return q;
+        }
+        let t = (q.dequantize(&Device::Cpu).unwrap() * factor).unwrap();
+        QTensor::quantize(&t, q.dtype()).unwrap()
+    })
 }
 
 /// Histograms of the first three sampled tokens of `n` seeded requests (seeds `seed0..`) continuing

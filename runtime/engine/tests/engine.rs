@@ -7,7 +7,9 @@ use modelfleet_engine::model::{LogitsRows, SeqInput};
 use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sequence::Sequence;
 use modelfleet_engine::{Engine, EngineConfig, EngineError};
-use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
+use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
+
+mod common;
 
 struct Request {
     prompt: Vec<u32>,
@@ -81,14 +83,7 @@ fn run(engine: &mut Engine, requests: Vec<(Vec<u32>, SamplingParams)>) -> Vec<(V
 
 #[test]
 fn seeded_requests_generate_the_same_alone_or_batched() {
-    let dir = tempfile::tempdir().unwrap();
-    let opts = GenModelOptions {
-        shape: Shape::TinyQwen2,
-        seed: 2,
-        dtype: GenDType::F32,
-        format: GenFormat::Safetensors,
-    };
-    gen_model(dir.path(), &opts).unwrap();
+    let dir = common::generated(Shape::TinyQwen2, 2, GenDType::F32, GenFormat::Safetensors);
     let mut engine = Engine::load(
         dir.path(),
         &EngineConfig {
@@ -135,14 +130,7 @@ fn seeded_requests_generate_the_same_alone_or_batched() {
 
 #[test]
 fn limits_are_checked_at_load_and_per_step() {
-    let dir = tempfile::tempdir().unwrap();
-    let opts = GenModelOptions {
-        shape: Shape::Tiny,
-        seed: 2,
-        dtype: GenDType::F16,
-        format: GenFormat::Gguf,
-    };
-    gen_model(dir.path(), &opts).unwrap();
+    let dir = common::generated(Shape::Tiny, 2, GenDType::F16, GenFormat::Gguf);
     let too_long = EngineConfig {
         max_model_len: Some(4096),
         ..EngineConfig::default()
