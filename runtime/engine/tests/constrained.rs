@@ -16,13 +16,14 @@ use modelfleet_engine::sched::{
 };
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
-use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
+
 use common::tiny_model;
+use modelfleet_testkit::fixtures::{OBJECT_SCHEMA, check_object_instance};
 
 fn start(dir: &Path, num_kv_blocks: usize, max_num_seqs: usize) -> EngineHandle {
     let path = dir.to_path_buf();
@@ -60,28 +61,6 @@ fn grammars(dir: &Path) -> Grammars {
         GrammarLimits::default(),
     )
     .unwrap()
-}
-
-const SCHEMA: &str = r#"{"type":"object","properties":{
-    "id":{"type":"integer","minimum":0,"maximum":99},
-    "tags":{"type":"array","items":{"enum":["a","bb","ccc"]},"minItems":1,"maxItems":3},
-    "ok":{"type":"boolean"}},"required":["id","tags","ok"],"additionalProperties":false}"#;
-
-fn check_instance(text: &str) {
-    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-    let id = v["id"].as_i64().unwrap_or(-1);
-    assert!((0..=99).contains(&id), "{text}");
-    let tags = v["tags"].as_array().unwrap();
-    assert!((1..=3).contains(&tags.len()), "{text}");
-    assert!(
-        tags.iter()
-            .all(|t| ["a", "bb", "ccc"].contains(&t.as_str().unwrap())),
-        "{text}"
-    );
-    assert!(
-        v["ok"].is_boolean() && v.as_object().unwrap().len() == 3,
-        "{text}"
-    );
 }
 
 fn request(h: &EngineHandle, prompt: Vec<u32>, p: SamplingParams) -> Request {
@@ -130,7 +109,9 @@ fn constrained_outputs_are_valid_alone_batched_and_preempted() {
     let dir = tiny_model();
     let gs = grammars(dir.path());
     let g = gs
-        .compile(&ConstraintSpec::JsonSchema(serde_json::from_str(SCHEMA).unwrap()))
+        .compile(&ConstraintSpec::JsonSchema(
+            serde_json::from_str(OBJECT_SCHEMA).unwrap(),
+        ))
         .unwrap();
     let greedy = |_: u32| SamplingParams {
         constraint: Some(g.clone()),
@@ -155,7 +136,7 @@ fn constrained_outputs_are_valid_alone_batched_and_preempted() {
                 ),
             ));
             assert_eq!(f.reason, FinishReason::Stop, "{text}");
-            check_instance(&text);
+            check_object_instance(&text);
             tokens
         })
         .collect();
@@ -207,7 +188,7 @@ fn constrained_outputs_are_valid_alone_batched_and_preempted() {
         .map(|s| {
             let (tokens, text, f) = collect(s);
             assert_eq!(f.reason, FinishReason::Stop, "{text} {:?}", f.message);
-            check_instance(&text);
+            check_object_instance(&text);
             preemptions += f.timings.preemptions;
             tokens
         })
@@ -227,7 +208,9 @@ fn constraints_compose_and_cut_short_is_length() {
     let h = start(dir.path(), 1024, 8);
     let md = ModelDir::open(dir.path()).unwrap();
     let g = gs
-        .compile(&ConstraintSpec::JsonSchema(serde_json::from_str(SCHEMA).unwrap()))
+        .compile(&ConstraintSpec::JsonSchema(
+            serde_json::from_str(OBJECT_SCHEMA).unwrap(),
+        ))
         .unwrap();
     // max_tokens too small for any instance: `length`, and what came is a prefix of valid JSON.
     let (_, text, f) = collect(submit(
@@ -286,7 +269,7 @@ fn constraints_compose_and_cut_short_is_length() {
         };
         let (_, text, f) = collect(submit(&h, request(&h, prompt(2), p)));
         assert_eq!(f.reason, FinishReason::Stop, "{text}");
-        check_instance(&text);
+        check_object_instance(&text);
     }
     // Choice and regex through the loop.
     let choice = gs
@@ -368,7 +351,9 @@ fn constrained_requests_with_a_lora_adapter_are_valid_and_batch_with_the_base() 
     let adapter = Arc::new(LoraAdapter::load(adir.path(), &cfg, 64, identity).unwrap());
     let gs = grammars(dir.path());
     let g = gs
-        .compile(&ConstraintSpec::JsonSchema(serde_json::from_str(SCHEMA).unwrap()))
+        .compile(&ConstraintSpec::JsonSchema(
+            serde_json::from_str(OBJECT_SCHEMA).unwrap(),
+        ))
         .unwrap();
     let h = start(dir.path(), 1024, 8);
     let with = |a: Option<Arc<LoraAdapter>>, i: u32| {
@@ -392,7 +377,7 @@ fn constrained_requests_with_a_lora_adapter_are_valid_and_batch_with_the_base() 
         .collect();
     for ((tokens, text, f), (alone_tokens, _, _)) in streams.into_iter().map(collect).zip(&alone) {
         assert_eq!(f.reason, FinishReason::Stop, "{text} {:?}", f.message);
-        check_instance(&text);
+        check_object_instance(&text);
         assert_eq!(
             &tokens, alone_tokens,
             "the same alone or batched with the other adapter"

@@ -17,6 +17,8 @@
 
 mod common;
 
+use modelfleet_testkit::fixtures::{OBJECT_SCHEMA, check_object_instance};
+
 use modelfleet_engine::constraint::{CompiledGrammar, ConstraintSpec, GrammarLimits, Grammars};
 use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sched::{
@@ -27,15 +29,9 @@ use modelfleet_engine::speculative::SpecCounters;
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
 use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
-use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
-
-const SCHEMA: &str = r#"{"type":"object","properties":{
-    "id":{"type":"integer","minimum":0,"maximum":99},
-    "tags":{"type":"array","items":{"enum":["a","bb","ccc"]},"minItems":1,"maxItems":3},
-    "ok":{"type":"boolean"}},"required":["id","tags","ok"],"additionalProperties":false}"#;
 
 /// The tiny Llama with random weights from `seed`.
 fn generated(seed: u64) -> tempfile::TempDir {
@@ -71,23 +67,6 @@ fn start(target: &Path, draft: Option<&Path>, spec: Option<SpecConfig>) -> Engin
         },
     )
     .unwrap()
-}
-
-fn check_instance(text: &str) {
-    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-    let id = v["id"].as_i64().unwrap_or(-1);
-    assert!((0..=99).contains(&id), "{text}");
-    let tags = v["tags"].as_array().unwrap();
-    assert!((1..=3).contains(&tags.len()), "{text}");
-    assert!(
-        tags.iter()
-            .all(|t| ["a", "bb", "ccc"].contains(&t.as_str().unwrap_or(""))),
-        "{text}"
-    );
-    assert!(
-        v["ok"].is_boolean() && v.as_object().unwrap().len() == 3,
-        "{text}"
-    );
 }
 
 fn collect(mut s: RequestStream) -> (Vec<u32>, String, Finished) {
@@ -181,7 +160,7 @@ fn run(h: &EngineHandle, cases: &[Case], name: &str) -> (Vec<Vec<u32>>, Vec<Vec<
     let check = |c: &Case, (tokens, text, f): (Vec<u32>, String, Finished)| {
         if c.constrained {
             assert_eq!(f.reason, FinishReason::Stop, "{name}: {text:?} ({f:?})");
-            check_instance(&text);
+            check_object_instance(&text);
         } else {
             assert_eq!(f.reason, FinishReason::Length, "{name}: {f:?}");
         }
@@ -217,7 +196,9 @@ fn constrained_requests_speculate_exactly_and_stay_valid() {
     )
     .unwrap();
     let g = gs
-        .compile(&ConstraintSpec::JsonSchema(serde_json::from_str(SCHEMA).unwrap()))
+        .compile(&ConstraintSpec::JsonSchema(
+            serde_json::from_str(OBJECT_SCHEMA).unwrap(),
+        ))
         .unwrap();
     let cases = cases(&g);
     let greedy = |v: &[Vec<u32>]| -> Vec<Vec<u32>> {

@@ -4,29 +4,9 @@
 
 mod common;
 
+use modelfleet_testkit::fixtures::{OBJECT_SCHEMA, check_object_instance};
+
 use serde_json::Value;
-
-const SCHEMA: &str = r#"{"type":"object","properties":{
-    "id":{"type":"integer","minimum":0,"maximum":99},
-    "tags":{"type":"array","items":{"enum":["a","bb","ccc"]},"minItems":1,"maxItems":3},
-    "ok":{"type":"boolean"}},"required":["id","tags","ok"],"additionalProperties":false}"#;
-
-fn check_instance(text: &str) {
-    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-    let id = v["id"].as_i64().unwrap_or(-1);
-    assert!((0..=99).contains(&id), "{text}");
-    let tags = v["tags"].as_array().unwrap();
-    assert!((1..=3).contains(&tags.len()), "{text}");
-    assert!(
-        tags.iter()
-            .all(|t| ["a", "bb", "ccc"].contains(&t.as_str().unwrap_or(""))),
-        "{text}"
-    );
-    assert!(
-        v["ok"].is_boolean() && v.as_object().unwrap().len() == 3,
-        "{text}"
-    );
-}
 
 /// The served path: `serve --speculative-config` with a `response_format` JSON schema over HTTP gives
 /// the content of a server without speculation, valid, and the speculation counters are on the admin
@@ -46,7 +26,7 @@ fn served_constrained_requests_speculate_and_report_on_the_admin_port() {
             "temperature": 0,
             "max_tokens": 64,
             "response_format": {"type": "json_schema", "json_schema": {
-                "name": "item", "schema": serde_json::from_str::<Value>(SCHEMA).unwrap()
+                "name": "item", "schema": serde_json::from_str::<Value>(OBJECT_SCHEMA).unwrap()
             }}
         })
         .to_string()
@@ -63,7 +43,7 @@ fn served_constrained_requests_speculate_and_report_on_the_admin_port() {
     };
     for i in 0..3 {
         let got = content(on.port, i);
-        check_instance(&got);
+        check_object_instance(&got);
         assert_eq!(got, content(off.port, i), "request {i}: speculation on vs off");
     }
     let (status, metrics) = common::http(on.admin_port, "GET", "/metrics", &[], "");

