@@ -12,7 +12,7 @@
 use modelfleet_engine::constraint::{ConstraintSpec, GrammarLimits, Grammars};
 use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sched::{
-    EngineHandle, Finished, QueueLimits, Request, RequestEvent, RequestStream, SchedulerConfig, TenantLimits,
+    EngineHandle, QueueLimits, Request, RequestEvent, RequestStream, SchedulerConfig, TenantLimits,
 };
 use modelfleet_engine::stop::FinishReason;
 use modelfleet_engine::{Engine, EngineConfig, ModelDir};
@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::collect;
 
 use common::tiny_model;
 use modelfleet_testkit::fixtures::{OBJECT_SCHEMA, check_object_instance};
@@ -81,23 +82,6 @@ fn prompt(salt: u32) -> Vec<u32> {
     (0..12u32)
         .map(|i| 20 + (i * 7 + salt * 31 + i * i * 3) % 400)
         .collect()
-}
-
-fn collect(mut s: RequestStream) -> (Vec<u32>, String, Finished) {
-    let (mut tokens, mut text) = (Vec::new(), String::new());
-    loop {
-        match s.blocking_next() {
-            Some(RequestEvent::Token(t)) => {
-                tokens.push(t.token);
-                text.push_str(&t.text);
-            }
-            Some(RequestEvent::Finished(f)) => {
-                text.push_str(&f.text);
-                return (tokens, text, f);
-            }
-            None => panic!("no Finished"),
-        }
-    }
 }
 
 fn submit(h: &EngineHandle, r: Request) -> RequestStream {

@@ -16,13 +16,14 @@
 //! the grammar refuses (the first such commit fails the request), and greedy equality breaks.
 
 mod common;
+use common::collect;
 
 use modelfleet_testkit::fixtures::{OBJECT_SCHEMA, check_object_instance};
 
 use modelfleet_engine::constraint::{CompiledGrammar, ConstraintSpec, GrammarLimits, Grammars};
 use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sched::{
-    EngineHandle, Finished, QueueLimits, Request, RequestEvent, RequestStream, SchedulerConfig, TenantLimits,
+    EngineHandle, Finished, QueueLimits, Request, RequestStream, SchedulerConfig, TenantLimits,
 };
 use modelfleet_engine::speculative::SpecConfig;
 use modelfleet_engine::speculative::SpecCounters;
@@ -67,23 +68,6 @@ fn start(target: &Path, draft: Option<&Path>, spec: Option<SpecConfig>) -> Engin
         },
     )
     .unwrap()
-}
-
-fn collect(mut s: RequestStream) -> (Vec<u32>, String, Finished) {
-    let (mut tokens, mut text) = (Vec::new(), String::new());
-    loop {
-        match s.blocking_next() {
-            Some(RequestEvent::Token(t)) => {
-                tokens.push(t.token);
-                text.push_str(&t.text);
-            }
-            Some(RequestEvent::Finished(f)) => {
-                text.push_str(&f.text);
-                return (tokens, text, f);
-            }
-            None => panic!("request ended without Finished"),
-        }
-    }
 }
 
 /// A request mix: constrained (greedy and seeded) ones whose prompts quote schema instances (so the

@@ -6,6 +6,7 @@
 
 use candle_core::Device;
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+use modelfleet_engine::sched::{Finished, RequestEvent, RequestStream};
 /// The real SmolLM2-135M-Instruct weights (the testkit's fixture).
 #[allow(unused_imports)] // not every test binary that includes this module uses it
 pub use modelfleet_testkit::fixtures::smollm2_gguf;
@@ -75,4 +76,22 @@ pub fn requantized(src: &Path, dtype: GgmlDType) -> tempfile::TempDir {
         let t = q.dequantize(&Device::Cpu).unwrap();
         QTensor::quantize(&t, dtype).unwrap()
     })
+}
+
+/// A request's tokens, its text (the streamed pieces and the finishing remainder) and how it finished.
+pub fn collect(mut s: RequestStream) -> (Vec<u32>, String, Finished) {
+    let (mut tokens, mut text) = (Vec::new(), String::new());
+    loop {
+        match s.blocking_next() {
+            Some(RequestEvent::Token(t)) => {
+                tokens.push(t.token);
+                text.push_str(&t.text);
+            }
+            Some(RequestEvent::Finished(f)) => {
+                text.push_str(&f.text);
+                return (tokens, text, f);
+            }
+            None => panic!("request ended without Finished"),
+        }
+    }
 }
