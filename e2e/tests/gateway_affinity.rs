@@ -1,6 +1,6 @@
 //! Scenario 1 of the fleet gateway: prefix affinity pays at fleet scale. Three replicas whose KV pool
 //! each holds about a third of the tenants' system prompts (the fleet's holds them all); 12 tenants,
-//! each with its own long system prompt, 5 turns each in a shuffled order (fixed seed), 2 clients at a
+//! chosen so the ring puts four at home on each pod, each with its own long system prompt, 5 turns each in a shuffled order (fixed seed), 2 clients at a
 //! time. The same load runs twice in this test, with fresh prompts each time: through a second gateway
 //! process with `--routing round-robin` (no affinity), then through the chart's gateway (affinity,
 //! the default). The share of prompt tokens served from the prefix cache (the pods' own
@@ -133,10 +133,54 @@ struct RunResult {
     ttft: Vec<f64>,
 }
 
-/// The shuffled turns of every tenant through `base`, `CLIENTS` at a time.
-async fn run_load(base: &str, model: &str, run: &str, words: usize) -> RunResult {
-    let mut order: Vec<(usize, usize)> = (0..TENANTS)
-        .flat_map(|t| (0..TURNS).map(move |k| (t, k)))
+/// The user message of turn `k`.
+fn user_turn(k: usize) -> String {
+    format!("turn {k}: what does policy {k} say?")
+}
+
+/// `TENANTS` tenant numbers whose system prompts in run `run` have their home on the chart gateway's
+/// ring over `pods` a third each, computed with the gateway's own key and ring (an open deployment's
+/// scope is its `default` tenant; the key reads the first 512 characters, all of them the system
+/// prompt's). Tenants numbered 0..12 could hash onto two of the three pods (about one run in 40),
+/// which leaves ten pool places for twelve tenants and tests the hash, not affinity.
+fn tenants_covering(pods: &BTreeSet<String>, run: &str, words: usize) -> Vec<usize> {
+    use modelfleet_gateway::{request, ring::Ring};
+    let names: Vec<&String> = pods.iter().collect();
+    let ring = Ring::new(&names);
+    let per_pod = TENANTS / pods.len();
+    let mut homes = BTreeMap::<usize, usize>::new();
+    let mut chosen = Vec::new();
+    for t in 0.. {
+        if chosen.len() == TENANTS {
+            break;
+        }
+        let home: BTreeSet<usize> = (0..TURNS)
+            .map(|k| {
+                let body = json!({"model": "m", "messages": [
+                    {"role": "system", "content": system_prompt(run, t, words)},
+                    {"role": "user", "content": user_turn(k)}]});
+                let routed = request::peek(body.to_string().as_bytes(), 512).expect("a routable body");
+                ring.walk(request::affinity_key("tenant:default", None, &routed))
+                    .next()
+                    .expect("three pods")
+            })
+            .collect();
+        assert_eq!(home.len(), 1, "tenant {t}'s turns share one key");
+        let home = *home.first().unwrap();
+        let n = homes.entry(home).or_default();
+        if *n < per_pod {
+            *n += 1;
+            chosen.push(t);
+        }
+    }
+    chosen
+}
+
+/// The shuffled turns of each of `tenants` through `base`, `CLIENTS` at a time.
+async fn run_load(base: &str, model: &str, run: &str, words: usize, tenants: &[usize]) -> RunResult {
+    let mut order: Vec<(usize, usize)> = tenants
+        .iter()
+        .flat_map(|&t| (0..TURNS).map(move |k| (t, k)))
         .collect();
     let mut rng = Rng(0xa11ce);
     for i in (1..order.len()).rev() {
@@ -160,7 +204,7 @@ async fn run_load(base: &str, model: &str, run: &str, words: usize) -> RunResult
                         return;
                     };
                     let system = system_prompt(&run, t, words);
-                    let user = format!("turn {k}: what does policy {k} say?");
+                    let user = user_turn(k);
                     let (pod, prompt, cached, secs) = turn(&http, &base, &model, &system, &user).await;
                     let mut g = totals.lock().unwrap();
                     g.0 += prompt;
@@ -282,7 +326,7 @@ async fn prefix_affinity_beats_round_robin_by_25_points_of_cached_prompt_tokens(
         &gateway_url(),
         &served,
         &system_prompt("probe", 0, words),
-        "turn 0: what does policy 0 say?",
+        &user_turn(0),
     )
     .await;
     let blocks_per_prompt = (prompt_tokens as usize).div_ceil(BLOCK) + 1;
@@ -325,9 +369,18 @@ async fn prefix_affinity_beats_round_robin_by_25_points_of_cached_prompt_tokens(
     let rr_base = format!("http://127.0.0.1:{RR_PORT}");
     routes_to_all(&rr_base, &served, &names).await;
     routes_to_all(&gateway_url(), &served, &names).await;
-    let round_robin = run_load(&rr_base, &served, "rr", words).await;
+    let round_robin = run_load(
+        &rr_base,
+        &served,
+        "rr",
+        words,
+        &tenants_covering(&names, "rr", words),
+    )
+    .await;
     drop(rr);
-    let affinity = run_load(&gateway_url(), &served, "affinity", words).await;
+    let tenants = tenants_covering(&names, "affinity", words);
+    eprintln!("affinity run: tenants {tenants:?}, a third of them at home on each pod");
+    let affinity = run_load(&gateway_url(), &served, "affinity", words, &tenants).await;
 
     for (what, r) in [("round-robin", &round_robin), ("affinity", &affinity)] {
         eprintln!(
