@@ -19,6 +19,7 @@
 // duplicated attribute.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod autoscaling;
 pub mod common;
 pub mod lora_adapter;
 pub mod model_deployment;

@@ -5,6 +5,7 @@
 //! GitOps tools see no drift. The `scale` subresource maps to `spec.replicas` / `status.replicas` /
 //! `status.selector` so `kubectl scale`, HPA and KEDA can drive a deployment in `External` mode.
 
+pub use crate::autoscaling::{Objectives, ObjectivesStatus, ScheduleWindow};
 use crate::common::{DIGEST_PATTERN, SERVED_NAME_PATTERN, SecretKeyRef, URI_PATTERN};
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -33,6 +34,8 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(name = "Queue", type_ = "integer", json_path = ".status.observedMetrics.queueDepth"),
     printcolumn(name = "KV %", type_ = "integer", json_path = ".status.observedMetrics.kvCacheUtilizationPercent"),
+    printcolumn(name = "TTFT p95", type_ = "string", json_path = ".status.objectives.ttftP95"),
+    printcolumn(name = "ITL p95", type_ = "string", json_path = ".status.objectives.itlP95"),
     printcolumn(name = "Cost/Mtok", type_ = "string", json_path = ".status.capacity.costPerMillionOutputTokens.observed"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new(
@@ -54,7 +57,8 @@ pub struct ModelDeploymentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: Option<i32>,
-    /// Replica autoscaling from queue depth and KV-cache pressure.
+    /// Replica autoscaling from queue depth, KV-cache pressure and latency objectives, within schedule
+    /// windows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
     /// API keys → tenant ids: a Secret key holding the runtime's tenants file. It is mounted, not copied,
@@ -312,14 +316,25 @@ pub struct AutoscalingSpec {
     #[serde(default = "default_max_replicas")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_replicas: i32,
-    /// Waiting requests per replica the autoscaler aims for.
-    #[serde(default = "default_target_queue_depth")]
+    /// Waiting requests per replica the autoscaler aims for. Default 4 without `objectives`; with
+    /// `objectives`, applied only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100000))]
-    pub target_queue_depth_per_replica: i32,
-    /// Mean KV-cache utilisation (0–1] the autoscaler aims for.
-    #[serde(default = "default_target_kv")]
+    pub target_queue_depth_per_replica: Option<i32>,
+    /// Mean KV-cache utilisation (0–1] the autoscaler aims for. Default 0.8 without `objectives`;
+    /// with `objectives`, applied only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.05, max = 1.0))]
-    pub target_kv_cache_utilization: f64,
+    pub target_kv_cache_utilization: Option<f64>,
+    /// Latency objectives (p95 time to first token, p95 inter-token latency): the autoscaler sizes the
+    /// fleet from a capacity model of one replica to meet them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objectives: Option<Objectives>,
+    /// Recurring windows with their own replica bounds (e.g. at most 1 replica at night, at least 4 on
+    /// weekday mornings); they bound whatever the targets and objectives recommend.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub schedule: Vec<ScheduleWindow>,
     /// Seconds a higher recommendation must hold before scaling up.
     #[serde(default = "default_scale_up_window")]
     #[schemars(range(min = 0, max = 3600))]
@@ -337,6 +352,25 @@ pub struct AutoscalingSpec {
     #[serde(default)]
     pub metrics: MetricsSourceSpec,
 }
+
+impl AutoscalingSpec {
+    /// The queue target in force: as set, or 4 when neither it nor `objectives` is set.
+    pub fn queue_target(&self) -> Option<i32> {
+        self.target_queue_depth_per_replica
+            .or(self.objectives.is_none().then_some(DEFAULT_TARGET_QUEUE_DEPTH))
+    }
+
+    /// The KV-cache target in force: as set, or 0.8 when neither it nor `objectives` is set.
+    pub fn kv_target(&self) -> Option<f64> {
+        self.target_kv_cache_utilization
+            .or(self.objectives.is_none().then_some(DEFAULT_TARGET_KV))
+    }
+}
+
+/// `targetQueueDepthPerReplica` without objectives.
+pub const DEFAULT_TARGET_QUEUE_DEPTH: i32 = 4;
+/// `targetKvCacheUtilization` without objectives.
+pub const DEFAULT_TARGET_KV: f64 = 0.8;
 
 /// Where metrics come from.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -419,6 +453,10 @@ pub struct ModelDeploymentStatus {
     /// The built-in autoscaler's stabilization state, kept here so it survives an operator restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaler: Option<AutoscalerState>,
+    /// The objectives autoscaler's measurements and conclusion (with `spec.autoscaling.objectives` or
+    /// `schedule`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objectives: Option<ObjectivesStatus>,
     /// Measured throughput and cost per million output tokens (with `spec.cost`); recomputed at most
     /// every 30 s over `spec.cost.windowSeconds`, rewritten only when a rounded figure changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -552,12 +590,6 @@ fn default_min_replicas() -> i32 {
 }
 fn default_max_replicas() -> i32 {
     4
-}
-fn default_target_queue_depth() -> i32 {
-    4
-}
-fn default_target_kv() -> f64 {
-    0.8
 }
 fn default_scale_up_window() -> i32 {
     15

@@ -40,7 +40,17 @@ fn model_deployment_names_and_subresources() {
         .collect();
     assert_eq!(
         columns,
-        ["Model", "Desired", "Ready", "Queue", "KV %", "Cost/Mtok", "Age"]
+        [
+            "Model",
+            "Desired",
+            "Ready",
+            "Queue",
+            "KV %",
+            "TTFT p95",
+            "ITL p95",
+            "Cost/Mtok",
+            "Age"
+        ]
     );
 }
 
@@ -53,6 +63,9 @@ fn model_deployment_validation_rules() {
             r#""rule":"self.minReplicas <= self.maxReplicas""#,
             r#""rule":"!has(self.spec.autoscaling) || self.spec.autoscaling.mode != 'Builtin' || !has(self.spec.replicas)""#,
             r#""rule":"self.source != 'Prometheus' || has(self.prometheus)""#,
+            r#""rule":"has(self.ttftP95) || has(self.itlP95)""#,
+            r#""rule":"has(self.minReplicas) || has(self.maxReplicas)""#,
+            r#""rule":"!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas""#,
             r#""x-kubernetes-list-type":"map""#,
             r#""x-kubernetes-list-map-keys":["type"]"#,
             r#""enum":["Builtin","External","Disabled"]"#,

@@ -1,7 +1,7 @@
 //! Reading the runtime pods' metrics, shared by the autoscaler ([`crate::autoscaler::metrics`]) and
 //! the capacity measurement ([`crate::capacity`]): one pod's `/metrics` text ([`scrape_text`]), the
 //! samples of chosen metric names in Prometheus text exposition ([`samples`]), and one PromQL instant
-//! query's value for each pod ([`per_pod`]).
+//! query's value for each pod ([`per_pod`]) or each series ([`per_series`]).
 //!
 //! Invariants: every answer is read within [`crate::body`]'s byte caps and a timeout; a sample whose
 //! value does not parse is an error in exposition text and `None` from Prometheus — never zero. Which
@@ -78,6 +78,21 @@ pub async fn per_pod(
     base: &str,
     query: &str,
 ) -> Result<BTreeMap<String, Option<f64>>, String> {
+    Ok(per_series(client, base, query, &["pod"])
+        .await?
+        .into_iter()
+        .map(|(mut labels, v)| (labels.swap_remove(0), v))
+        .collect())
+}
+
+/// Runs the instant query `query`; each series' values of `labels` (empty when absent) and its value,
+/// as [`per_pod`].
+pub async fn per_series(
+    client: &reqwest::Client,
+    base: &str,
+    query: &str,
+    labels: &[&str],
+) -> Result<Vec<(Vec<String>, Option<f64>)>, String> {
     let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
     let answer = client
         .get(&url)
@@ -99,8 +114,11 @@ pub async fn per_pod(
         .into_iter()
         .flatten()
         .map(|series| {
-            let pod = series["metric"]["pod"].as_str().unwrap_or_default().to_string();
-            (pod, series["value"][1].as_str().and_then(|v| v.parse().ok()))
+            let values = labels
+                .iter()
+                .map(|l| series["metric"][l].as_str().unwrap_or_default().to_string())
+                .collect();
+            (values, series["value"][1].as_str().and_then(|v| v.parse().ok()))
         })
         .collect())
 }

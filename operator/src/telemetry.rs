@@ -38,6 +38,9 @@ pub struct Metrics {
     capacity_throughput: GaugeVec,
     /// The currency each deployment's cost series carries (to remove them exactly).
     capacity_currency: Mutex<HashMap<(String, String), String>>,
+    /// p95 latency objectives and what the autoscaler measured, by `latency` (`ttft`, `itl`) and
+    /// `kind` (`objective`, `measured`).
+    objective_p95: GaugeVec,
     /// Set once the process can serve (the API client is up).
     pub ready: AtomicBool,
 }
@@ -107,6 +110,14 @@ impl Default for Metrics {
             &["namespace", "model_deployment", "basis"],
         )
         .unwrap();
+        let objective_p95 = GaugeVec::new(
+            Opts::new(
+                "modelfleet_objective_p95_seconds",
+                "p95 latency objectives of spec.autoscaling.objectives and the p95 the autoscaler measured (leader only)",
+            ),
+            &["namespace", "model_deployment", "latency", "kind"],
+        )
+        .unwrap();
         for c in [
             Box::new(reconciliations.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(errors.clone()),
@@ -118,6 +129,7 @@ impl Default for Metrics {
             Box::new(leader.clone()),
             Box::new(capacity_cost.clone()),
             Box::new(capacity_throughput.clone()),
+            Box::new(objective_p95.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -134,6 +146,7 @@ impl Default for Metrics {
             capacity_cost,
             capacity_throughput,
             capacity_currency: Mutex::default(),
+            objective_p95,
             ready: AtomicBool::new(false),
         }
     }
@@ -186,6 +199,30 @@ impl Metrics {
                 let _ = self.capacity_cost.remove_label_values(&[ns, name, c, basis]);
             }
             let _ = self.capacity_throughput.remove_label_values(&[ns, name, basis]);
+        }
+    }
+
+    /// Publishes a deployment's objectives and measured p95s: (latency, objective, measured) in
+    /// seconds; a figure that is absent has no series.
+    pub fn set_objectives(&self, ns: &str, name: &str, figures: &[(&str, Option<f64>, Option<f64>)]) {
+        self.clear_objectives(ns, name);
+        for (latency, objective, measured) in figures {
+            for (kind, v) in [("objective", objective), ("measured", measured)] {
+                if let Some(v) = v {
+                    self.objective_p95
+                        .with_label_values(&[ns, name, latency, kind])
+                        .set(*v);
+                }
+            }
+        }
+    }
+
+    /// Removes a deployment's objective series (no objectives, or deleted).
+    pub fn clear_objectives(&self, ns: &str, name: &str) {
+        for latency in ["ttft", "itl"] {
+            for kind in ["objective", "measured"] {
+                let _ = self.objective_p95.remove_label_values(&[ns, name, latency, kind]);
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 //! Autoscaling arithmetic, pure and table-tested.
 //!
-//! Recommendation = max(ceil(total waiting / target per replica), ceil(replicas × mean KV / target KV)),
+//! Recommendation = the largest of ceil(total waiting / target per replica), ceil(replicas × mean KV /
+//! target KV) and the objectives' capacity model ([`super::objectives`]) — each where it is in force —
 //! clamped to [max(min, 1), max] and to at most double the current count (scaling to and from zero is
 //! `controller/zero.rs`'s, on the gateway's demand). A recommendation above the current count
 //! must hold for the scale-up window (the count then goes to the lowest recommendation seen in it); one
@@ -22,6 +23,8 @@ pub struct Sample {
     pub running: f64,
     /// Mean KV-cache utilisation, 0–1.
     pub kv_mean: f64,
+    /// With objectives: the capacity model's count and why (`None`: not measured yet, which holds).
+    pub objectives: Option<(i32, String)>,
 }
 
 /// What one pass decided.
@@ -35,26 +38,47 @@ pub struct Decision {
     pub reason: String,
 }
 
-/// The clamped recommendation for `sample` with the fleet at `current` replicas, and why.
+/// The clamped recommendation for `sample` with the fleet at `current` replicas, and why: the largest
+/// count any target in force asks for (queue, KV cache, objectives).
 pub fn recommend(sample: &Sample, spec: &AutoscalingSpec, current: i32) -> (i32, String) {
-    let by_queue = (sample.waiting / f64::from(spec.target_queue_depth_per_replica.max(1))).ceil() as i32;
-    let by_kv =
-        (f64::from(sample.replicas) * sample.kv_mean / spec.target_kv_cache_utilization).ceil() as i32;
-    let raw = by_queue.max(by_kv);
+    let mut raw = 0;
+    let mut why = Vec::new();
+    if let Some(target) = spec.queue_target() {
+        let by_queue = (sample.waiting / f64::from(target.max(1))).ceil() as i32;
+        raw = raw.max(by_queue);
+        why.push(format!(
+            "queue {} / target {target} per replica -> {by_queue}",
+            sample.waiting
+        ));
+    }
+    if let Some(target) = spec.kv_target() {
+        let by_kv = (f64::from(sample.replicas) * sample.kv_mean / target).ceil() as i32;
+        raw = raw.max(by_kv);
+        why.push(format!(
+            "KV {:.0}% over {} replicas / target {:.0}% -> {by_kv}",
+            sample.kv_mean * 100.0,
+            sample.replicas,
+            target * 100.0
+        ));
+    }
+    if spec.objectives.is_some() {
+        match &sample.objectives {
+            Some((n, because)) => {
+                raw = raw.max(*n);
+                why.push(format!("objectives: {because} -> {n}"));
+            }
+            None => {
+                raw = raw.max(current);
+                why.push("objectives: not measured yet, holding".into());
+            }
+        }
+    }
     // Never below 1 here: a deployment with `minReplicas: 0` reaches 0 only through its idle window
     // (controller/zero.rs), not because one sample looked idle.
     let floor = spec.min_replicas.max(1);
     let ceiling = spec.max_replicas.min((current.max(1)).saturating_mul(2));
     let clamped = raw.clamp(floor, ceiling.max(floor));
-    let why = format!(
-        "queue {} / target {} per replica -> {by_queue}; KV {:.0}% over {} replicas / target {:.0}% -> {by_kv}",
-        sample.waiting,
-        spec.target_queue_depth_per_replica,
-        sample.kv_mean * 100.0,
-        sample.replicas,
-        spec.target_kv_cache_utilization * 100.0
-    );
-    (clamped, why)
+    (clamped, why.join("; "))
 }
 
 fn elapsed_secs(since: &Time, now: Timestamp) -> i64 {
@@ -165,6 +189,7 @@ mod tests {
             waiting,
             running: 0.0,
             kv_mean: kv,
+            objectives: None,
         }
     }
 

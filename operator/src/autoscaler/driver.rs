@@ -12,7 +12,11 @@
 
 use super::decide::{Decision, Sample, decide};
 use super::gateway::Demand;
+use super::latency::PodCounters;
 use super::metrics::{aggregate, query_prometheus, scrape_direct};
+use super::objectives::{Need, Targets};
+use super::readings;
+use super::sizing::{self, Sizing};
 use super::zero;
 use crate::config::GatewayPods;
 use crate::labels::METRICS_PORT;
@@ -25,10 +29,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use modelfleet_crds::ModelDeployment;
 use modelfleet_crds::model_deployment::{
-    AutoscalerState, AutoscalingMode, AutoscalingSpec, MetricsSource, ModelDeploymentStatus, ObservedMetrics,
-    ScalingDecision,
+    AutoscalerState, AutoscalingMode, AutoscalingSpec, MetricsSource, ModelDeploymentStatus,
+    ObjectivesStatus, ObservedMetrics, ScalingDecision,
 };
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +43,8 @@ pub const AUTOSCALE_INTERVAL: Duration = Duration::from_secs(3);
 pub const MAX_DECISIONS: usize = 10;
 /// Observed metrics are refreshed in status at most this often without a decision.
 pub const METRICS_WRITE_INTERVAL: i64 = 30;
+/// A deployment not read for this long is forgotten.
+const FORGET_AFTER: Duration = Duration::from_secs(900);
 
 /// What the leader remembers per ModelDeployment between autoscaler ticks.
 #[derive(Clone, Debug)]
@@ -50,6 +56,8 @@ pub struct Memory {
     /// The gateway's request counter for this deployment at the last reading (`minReplicas: 0` only):
     /// unchanged means nothing arrived.
     pub gateway_requests: Option<f64>,
+    /// The objectives' readings and calibration.
+    pub sizing: Sizing,
 }
 
 /// The outcome of the replica decision, with the status fields it owns.
@@ -67,6 +75,8 @@ pub struct Scaled {
     pub recent_decisions: Vec<ScalingDecision>,
     /// `status.autoscaler`.
     pub autoscaler: Option<AutoscalerState>,
+    /// `status.objectives`.
+    pub objectives: Option<ObjectivesStatus>,
     /// Why the count changed in this pass (for the Event), if it did.
     pub decision_reason: Option<String>,
 }
@@ -82,6 +92,7 @@ pub fn unchanged(md: &ModelDeployment) -> Scaled {
         last_scale_time: prev.last_scale_time,
         recent_decisions: prev.recent_decisions,
         autoscaler: prev.autoscaler,
+        objectives: prev.objectives,
         decision_reason: None,
     }
 }
@@ -129,9 +140,27 @@ impl Autoscaler {
         pods: &[Pod],
     ) -> Scaled {
         let prev = md.status.clone().unwrap_or_default();
+        self.forget_stale();
+        let (ns, name) = (md.namespace().unwrap_or_default(), md.name_any());
         let spec = match autoscaled(md) {
             Ok(spec) => spec,
-            Err((reason, message)) => return fixed(md, &prev, reason, message),
+            Err((reason, message)) => {
+                self.metrics.clear_objectives(&ns, &name);
+                return fixed(md, &prev, reason, message);
+            }
+        };
+        if spec.objectives.is_none() {
+            self.metrics.clear_objectives(&ns, &name);
+        }
+        let now = Timestamp::now();
+        let lead = sizing::lead_time(pods);
+        let (spec, windows) = match sizing::bounded(&spec, now, lead) {
+            Ok(bounded) => bounded,
+            Err(e) => return invalid(&prev, "InvalidSchedule", e),
+        };
+        let targets = match sizing::targets(&spec) {
+            Ok(t) => t,
+            Err(e) => return invalid(&prev, "InvalidObjectives", e),
         };
         let current = prev
             .desired_replicas
@@ -144,21 +173,38 @@ impl Autoscaler {
             last_scale_time: prev.last_scale_time.clone(),
             recent_decisions: prev.recent_decisions.clone(),
             autoscaler: prev.autoscaler.clone(),
+            objectives: prev.objectives.clone(),
             decision_reason: None,
         };
-        let key = format!("{}/{}", md.namespace().unwrap_or_default(), md.name_any());
-        let now = Timestamp::now();
+        let key = format!("{ns}/{name}");
         let Some(state) = self.due(&key, &prev, now, hold.replicas == current) else {
             return hold;
         };
-        let (sample, demand, decision) = self
-            .sample_and_decide(md, &spec, pods, (&key, &state), current, now)
+        let plan = Plan {
+            spec: &spec,
+            targets,
+            lead,
+            fallback_mu: saturated_figure(&prev),
+        };
+        let (sample, demand, decision, objectives) = self
+            .sample_and_decide(md, &plan, pods, (&key, &state), current, now)
             .await;
         if let Some(m) = self.memory().get_mut(&key) {
             m.state = decision.state.clone();
         }
         let scaling = verdict(&sample, &demand, current);
-        self.record(hold, scaling, &decision, sample.as_ref().ok(), current, now)
+        let objectives = (targets.is_some() || !spec.schedule.is_empty()).then(|| ObjectivesStatus {
+            schedule_windows: windows,
+            ..objectives.unwrap_or_default()
+        });
+        self.record(
+            hold,
+            scaling,
+            &decision,
+            (sample.as_ref().ok(), objectives),
+            current,
+            now,
+        )
     }
 
     /// The stabilization state to decide from, when a reading is due (none within the rate limit
@@ -171,22 +217,21 @@ impl Autoscaler {
         in_bounds: bool,
     ) -> Option<AutoscalerState> {
         let mut memory = self.memory();
-        let remembered = memory.get(key).cloned();
-        if remembered
-            .as_ref()
-            .is_some_and(|m| m.sampled.elapsed() < AUTOSCALE_INTERVAL)
-            && in_bounds
-        {
-            return None;
+        if let Some(m) = memory.get_mut(key) {
+            if m.sampled.elapsed() < AUTOSCALE_INTERVAL && in_bounds {
+                return None;
+            }
+            m.sampled = Instant::now();
+            return Some(m.state.clone());
         }
-        let gateway_requests = remembered.as_ref().and_then(|m| m.gateway_requests);
-        let state = remembered.map_or_else(|| restart_windows(prev.autoscaler.clone(), now), |m| m.state);
+        let state = restart_windows(prev.autoscaler.clone(), now);
         memory.insert(
             key.to_owned(),
             Memory {
                 sampled: Instant::now(),
                 state: state.clone(),
-                gateway_requests,
+                gateway_requests: None,
+                sizing: Sizing::default(),
             },
         );
         Some(state)
@@ -196,12 +241,18 @@ impl Autoscaler {
     async fn sample_and_decide(
         &self,
         md: &ModelDeployment,
-        spec: &AutoscalingSpec,
+        plan: &Plan<'_>,
         pods: &[Pod],
         (key, state): (&str, &AutoscalerState),
         current: i32,
         now: Timestamp,
-    ) -> (Result<Sample, String>, Option<Result<Demand, String>>, Decision) {
+    ) -> (
+        Result<Sample, String>,
+        Option<Result<Demand, String>>,
+        Decision,
+        Option<ObjectivesStatus>,
+    ) {
+        let spec = plan.spec;
         // With `minReplicas: 0`, the gateway's demand decides going to and from zero (zero.rs).
         let to_zero = spec.min_replicas == 0;
         let demand = match to_zero {
@@ -212,10 +263,21 @@ impl Autoscaler {
             false => None,
         };
         let demand_ok = demand.as_ref().and_then(|d| d.as_ref().ok());
+        let mut objectives = None;
         let (sample, decision) = if to_zero && current == 0 {
             (Err("scaled to zero".to_string()), zero::from_zero(demand_ok))
         } else {
-            let sample = read_sample(md, spec, pods, &self.http).await;
+            let want_counters = plan.targets.is_some();
+            let sample = match read_sample(md, spec, pods, &self.http, want_counters).await {
+                Ok((mut sample, Some(counters))) => {
+                    let (need, status) = self.size(key, plan, counters, current);
+                    sample.objectives = need.map(|n| (n.replicas, n.why));
+                    objectives = Some(status);
+                    Ok(sample)
+                }
+                Ok((sample, None)) => Ok(sample),
+                Err(e) => Err(e),
+            };
             let mut decision = decide(spec, state, current, sample.as_ref().ok(), now);
             if to_zero {
                 let previous = self.memory().get(key).and_then(|m| m.gateway_requests);
@@ -229,7 +291,59 @@ impl Autoscaler {
         {
             m.gateway_requests = Some(d.requests);
         }
-        (sample, demand, decision)
+        (sample, demand, decision, objectives)
+    }
+
+    /// Feeds a reading to the deployment's [`Sizing`] and sizes the fleet for its objectives.
+    fn size(
+        &self,
+        key: &str,
+        plan: &Plan<'_>,
+        counters: BTreeMap<String, PodCounters>,
+        current: i32,
+    ) -> (Option<Need>, ObjectivesStatus) {
+        let (Some(targets), Some(objectives)) = (&plan.targets, &plan.spec.objectives) else {
+            return (None, ObjectivesStatus::default());
+        };
+        let window = Duration::from_secs(objectives.window_seconds.max(1) as u64);
+        let mut memory = self.memory();
+        let Some(m) = memory.get_mut(key) else {
+            return (None, ObjectivesStatus::default());
+        };
+        let sized = m.sizing.observe(
+            targets,
+            window,
+            counters,
+            Instant::now(),
+            current,
+            plan.lead,
+            plan.fallback_mu,
+        );
+        let [ttft, itl] = m.sizing.p95();
+        let (ns, name) = key.split_once('/').unwrap_or_default();
+        self.metrics.set_objectives(
+            ns,
+            name,
+            &[("ttft", targets.ttft, ttft), ("itl", targets.itl, itl)],
+        );
+        sized
+    }
+
+    /// Forgets deployments not read for [`FORGET_AFTER`] (deleted, or no longer autoscaled), with their
+    /// objective series.
+    fn forget_stale(&self) {
+        let mut memory = self.memory();
+        let stale: Vec<String> = memory
+            .iter()
+            .filter(|(_, m)| m.sampled.elapsed() > FORGET_AFTER)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in stale {
+            memory.remove(&key);
+            if let Some((ns, name)) = key.split_once('/') {
+                self.metrics.clear_objectives(ns, name);
+            }
+        }
     }
 
     async fn demand(&self, ns: &str, name: &str) -> Result<Demand, String> {
@@ -243,7 +357,7 @@ impl Autoscaler {
         hold: Scaled,
         scaling: Scaling,
         decision: &Decision,
-        sample: Option<&Sample>,
+        (sample, objectives): (Option<&Sample>, Option<ObjectivesStatus>),
         current: i32,
         now: Timestamp,
     ) -> Scaled {
@@ -270,6 +384,15 @@ impl Autoscaler {
         }
         if changed || metrics_written {
             out.autoscaler = (decision.state != AutoscalerState::default()).then_some(decision.state.clone());
+        }
+        // With the metrics' cadence, or at once when objectives or schedule windows come or go.
+        let windows = |o: &Option<ObjectivesStatus>| o.as_ref().map(|o| o.schedule_windows.clone());
+        if changed
+            || metrics_written
+            || out.objectives.is_none() != objectives.is_none()
+            || windows(&out.objectives) != windows(&objectives)
+        {
+            out.objectives = objectives;
         }
         if changed {
             let direction = if decision.replicas > current { "up" } else { "down" };
@@ -323,6 +446,7 @@ fn fixed(md: &ModelDeployment, prev: &ModelDeploymentStatus, reason: &str, messa
         last_scale_time: prev.last_scale_time.clone(),
         recent_decisions: prev.recent_decisions.clone(),
         autoscaler: None,
+        objectives: None,
         decision_reason: None,
     }
 }
@@ -415,12 +539,14 @@ fn same_figures(a: &ObservedMetrics, b: &ObservedMetrics) -> bool {
     )
 }
 
+/// The fleet's gauges and, with `counters`, every pod's cumulative counters ([`readings`]).
 async fn read_sample(
     md: &ModelDeployment,
     spec: &AutoscalingSpec,
     pods: &[Pod],
     http: &reqwest::Client,
-) -> Result<Sample, String> {
+    counters: bool,
+) -> Result<(Sample, Option<BTreeMap<String, PodCounters>>), String> {
     let ready: Vec<&Pod> = pods
         .iter()
         .filter(|p| modelfleet_crds::pods::is_ready(p))
@@ -428,16 +554,22 @@ async fn read_sample(
     if ready.is_empty() {
         return Err("no ready replicas to read metrics from".into());
     }
-    let per_pod = match spec.metrics.source {
+    let (per_pod, counters) = match spec.metrics.source {
         MetricsSource::Direct => {
-            let ips: Vec<String> = ready
+            let targets: Vec<(String, String)> = ready
                 .iter()
-                .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+                .filter_map(|p| Some((p.name_any(), p.status.as_ref()?.pod_ip.clone()?)))
                 .collect();
-            if ips.len() != ready.len() {
+            if targets.len() != ready.len() {
                 return Err("a ready replica has no pod IP".into());
             }
-            scrape_direct(http, &ips, METRICS_PORT).await?
+            if counters {
+                let (gauges, counters) = readings::scrape(http, &targets, METRICS_PORT).await?;
+                (gauges, Some(counters))
+            } else {
+                let ips: Vec<String> = targets.into_iter().map(|(_, ip)| ip).collect();
+                (scrape_direct(http, &ips, METRICS_PORT).await?, None)
+            }
         }
         MetricsSource::Prometheus => {
             let prom = spec
@@ -447,8 +579,55 @@ async fn read_sample(
                 .ok_or("metrics.prometheus is not set")?;
             let names: Vec<String> = ready.iter().map(|p| p.name_any()).collect();
             let ns = md.namespace().unwrap_or_default();
-            query_prometheus(http, &prom.url, &ns, &names, prom.window_seconds).await?
+            let gauges = query_prometheus(http, &prom.url, &ns, &names, prom.window_seconds).await?;
+            let counters = match counters {
+                true => Some(readings::query(http, &prom.url, &ns, &names).await?),
+                false => None,
+            };
+            (gauges, counters)
         }
     };
-    aggregate(&per_pod).ok_or_else(|| "no metrics".into())
+    let sample = aggregate(&per_pod).ok_or("no metrics")?;
+    Ok((sample, counters))
+}
+
+/// What a pass sizes the fleet with besides metrics.
+struct Plan<'a> {
+    /// The spec with the schedule's bounds in force.
+    spec: &'a AutoscalingSpec,
+    /// The objectives, in seconds.
+    targets: Option<Targets>,
+    /// Seconds for a new pod to become Ready.
+    lead: f64,
+    /// `status.capacity`'s saturated output tokens/s per replica.
+    fallback_mu: Option<f64>,
+}
+
+/// `status.capacity`'s saturated output tokens/s per replica, if measured.
+fn saturated_figure(prev: &ModelDeploymentStatus) -> Option<f64> {
+    prev.capacity
+        .as_ref()?
+        .saturated_output_tokens_per_second_per_replica
+        .as_deref()?
+        .parse()
+        .ok()
+}
+
+/// Holds the count, with `ScalingActive=False` for `reason` and its message (a spec the operator
+/// cannot act on).
+fn invalid(prev: &ModelDeploymentStatus, reason: &str, message: String) -> Scaled {
+    Scaled {
+        replicas: prev.desired_replicas.unwrap_or(1),
+        scaling: Scaling {
+            active: false,
+            reason: reason.into(),
+            message,
+        },
+        observed_metrics: prev.observed_metrics.clone(),
+        last_scale_time: prev.last_scale_time.clone(),
+        recent_decisions: prev.recent_decisions.clone(),
+        autoscaler: prev.autoscaler.clone(),
+        objectives: prev.objectives.clone(),
+        decision_reason: None,
+    }
 }

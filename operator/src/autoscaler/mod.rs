@@ -8,10 +8,16 @@
 //! Invariants: the autoscaler never writes the user's spec — its decision is `status.desiredReplicas`;
 //! missing or stale metrics never cause a scale-down; one step at most doubles the count.
 
+pub mod cron;
 pub mod decide;
 pub mod driver;
 pub mod gateway;
+pub mod latency;
 pub mod metrics;
+pub mod objectives;
+pub mod readings;
+pub mod schedule;
+pub mod sizing;
 pub mod zero;
 
 pub use driver::{AUTOSCALE_INTERVAL, Autoscaler, Scaled};

@@ -123,6 +123,7 @@ mod tests {
             waiting,
             running,
             kv_mean: 0.0,
+            objectives: None,
         }
     }
 

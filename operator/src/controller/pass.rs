@@ -169,6 +169,7 @@ pub fn desired_status(
         last_scale_time: scaled.last_scale_time.clone(),
         recent_decisions: scaled.recent_decisions.clone(),
         autoscaler: scaled.autoscaler.clone(),
+        objectives: scaled.objectives.clone(),
         capacity: acted.capacity.clone(),
     }
 }
