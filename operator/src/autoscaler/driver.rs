@@ -186,9 +186,16 @@ impl Autoscaler {
             lead,
             fallback_mu: saturated_figure(&prev),
         };
-        let (sample, demand, decision, objectives) = self
+        let (sample, demand, mut decision, objectives) = self
             .sample_and_decide(md, &plan, pods, (&key, &state), current, now)
             .await;
+        if !windows.is_empty() {
+            decision.reason = format!(
+                "{} (schedule windows in force: {})",
+                decision.reason,
+                windows.join(", ")
+            );
+        }
         if let Some(m) = self.memory().get_mut(&key) {
             m.state = decision.state.clone();
         }

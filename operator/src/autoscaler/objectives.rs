@@ -10,8 +10,9 @@
 //! what arriving requests ask for: arrivals × mean output length, which exceeds production under
 //! overload).
 //!
-//! Calibration: a measured p95 `L` at the current `ρ` gives the unloaded p95 `L₀ = L·(1 − ρ)`
-//! (remembered, for passes where `ρ ≥ 0.9` makes the estimate unreliable). An objective `T` is met at `n`
+//! Calibration: a measured p95 `L` at the current `ρ` estimates the unloaded p95 as `L·(1 − ρ)` (none
+//! where `ρ ≥ 0.9`); `L₀` is the lowest estimate of the last minutes (the caller keeps them): a backlog
+//! left by a burst inflates `L` beyond what the current `ρ` explains, never below. An objective `T` is met at `n`
 //! replicas when `L₀ / (1 − ρ(n)) ≤ (1 − m)·T`, so `n ≥ Λ / (μ · (1 − L₀ / ((1 − m)·T)))`.
 //!
 //! Decisions: the count needed with margin [`UP_MARGIN`] above the current count is a scale-up; below
@@ -22,7 +23,7 @@
 //! Invariants: without a measured `μ` the model cannot size down — it scales up in proportion to the
 //! worst objective's overshoot and otherwise holds; an objective no count can meet (`L₀ ≥ (1 − m)·T`:
 //! the unloaded latency is already too slow) holds the count and says so; an idle fleet (nothing
-//! arriving, nothing produced) needs 1.
+//! arriving, nothing produced) needs 1, whether `μ` is known or not.
 
 /// The scale-up margin: aim 10% under each objective.
 pub const UP_MARGIN: f64 = 0.10;
@@ -61,7 +62,8 @@ pub struct Targets {
     pub itl: Option<f64>,
 }
 
-/// Remembered unloaded p95s (TTFT, ITL), seconds.
+/// Unloaded p95s (TTFT, ITL), seconds: into [`needed`] the lowest recent estimates, out of it this
+/// window's.
 pub type Unloaded = [Option<f64>; 2];
 
 /// The model's answer.
@@ -69,7 +71,7 @@ pub type Unloaded = [Option<f64>; 2];
 pub struct Need {
     /// The recommended count (before bounds and windows).
     pub replicas: i32,
-    /// The unloaded p95s to remember.
+    /// This window's estimates of the unloaded p95s (none where the utilisation was too high).
     pub unloaded: Unloaded,
     /// Why, in words.
     pub why: String,
@@ -99,6 +101,14 @@ pub fn needed(
         "{:.3} req/s x {:.0} tokens, {:.1} tokens/s now -> {:.1} in {lead:.0} s",
         load.arrival_rate, load.output_tokens, now_rate, projected
     )];
+    if now_rate == 0.0 && load.arrival_rate == 0.0 {
+        why.push("idle: nothing arrived or was produced in the window".into());
+        return Need {
+            replicas: 1,
+            unloaded,
+            why: why.join("; "),
+        };
+    }
     let objectives = [
         ("TTFT", targets.ttft, load.ttft_p95),
         ("ITL", targets.itl, load.itl_p95),
@@ -121,9 +131,6 @@ pub fn needed(
         replicas = replicas.max(n);
         why.push(format!("{name} {because}"));
     }
-    if now_rate == 0.0 && load.arrival_rate == 0.0 {
-        why.push("idle".into());
-    }
     Need {
         replicas: replicas.max(1),
         unloaded,
@@ -144,15 +151,18 @@ fn sized(
     unloaded: &mut Option<f64>,
 ) -> (i32, String) {
     let rho_now = now_rate / (f64::from(read.max(1)) * mu);
-    if let Some(l) = measured
-        && rho_now < CALIBRATION_LIMIT
-    {
-        let fresh = l * (1.0 - rho_now);
-        // Smoothed, so one noisy window does not swing the count.
-        *unloaded = Some(unloaded.map_or(fresh, |old| 0.7 * old + 0.3 * fresh));
-    }
+    // This window's estimate, when the utilisation leaves it meaningful; `unloaded` comes in as the
+    // lowest recent estimate and goes out as this one.
+    let fresh = measured
+        .filter(|_| rho_now < CALIBRATION_LIMIT)
+        .map(|l| l * (1.0 - rho_now));
+    let lowest = match (*unloaded, fresh) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    *unloaded = fresh;
     let p95 = measured.map_or("no p95 yet".to_string(), |l| format!("p95 {}", secs(l)));
-    let Some(l0) = *unloaded else {
+    let Some(l0) = lowest else {
         let n = (projected / (mu * FALLBACK_UTILIZATION)).ceil() as i32;
         return (
             n,
@@ -272,7 +282,19 @@ mod tests {
         let n2 = needed(&heavy, &BOTH, Some(400.0), 60.0, 2, n.unloaded);
         // ITL: 1200/(400·0.583) = 5.14 -> 6.
         assert_eq!(n2.replicas, 6, "{}", n2.why);
-        assert_eq!(n2.unloaded, n.unloaded, "no calibration above ρ 0.9");
+        assert_eq!(n2.unloaded, [None, None], "no estimate above ρ 0.9");
+        // A backlog inflates TTFT to 3 s at ρ 0.5: this window estimates 1.5 s, but the lowest
+        // recent estimate (200 ms) sizes the fleet.
+        let backlog = needed(
+            &load(2, 400.0, 3.0, 0.06),
+            &BOTH,
+            Some(400.0),
+            60.0,
+            2,
+            n.unloaded,
+        );
+        assert_eq!(backlog.unloaded[0], Some(1.5));
+        assert_eq!(backlog.replicas, 2, "{}", backlog.why);
     }
 
     #[test]
@@ -345,12 +367,21 @@ mod tests {
         assert_eq!(over.replicas, 6, "2 x 2.7 / 0.9 = 6: {}", over.why);
         let under = needed(&load(4, 100.0, 0.2, 0.02), &BOTH, None, 60.0, 4, [None, None]);
         assert_eq!(under.replicas, 4, "{}", under.why);
+        // Load but no p95 yet (nothing finished in the window): hold.
         let no_p95 = Load {
             ttft_p95: None,
             itl_p95: None,
-            ..load(3, 0.0, 0.0, 0.0)
+            ..load(3, 50.0, 0.0, 0.0)
         };
         assert_eq!(needed(&no_p95, &BOTH, None, 60.0, 3, [None, None]).replicas, 3);
+        // Idle needs 1 even without a saturated throughput (a schedule window's replicas go back).
+        let idle = Load {
+            replicas: 3,
+            ttft_p95: None,
+            itl_p95: None,
+            ..Load::default()
+        };
+        assert_eq!(needed(&idle, &BOTH, None, 60.0, 3, [None, None]).replicas, 1);
     }
 
     #[test]

@@ -103,3 +103,71 @@ fn finite(v: Option<f64>, metric: &str, pod: &str) -> Result<f64, String> {
     v.filter(|v| v.is_finite() && *v >= 0.0)
         .ok_or_else(|| format!("Prometheus: unusable {metric} for pod {pod}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autoscaler::metrics::http_client;
+    use serde_json::{Value, json};
+
+    /// A Prometheus answering each query by the metric it names: pod `p-0` has every series, `p-1`
+    /// only what `p1_waiting` says about its queue gauge.
+    async fn prometheus(p1_waiting: bool) -> String {
+        let query = move |q: axum::extract::Query<std::collections::HashMap<String, String>>| async move {
+            let q = q.0["query"].clone();
+            let series = |pod: &str, le: Option<&str>, v: &str| -> Value {
+                let mut metric = json!({"pod": pod});
+                if let Some(le) = le {
+                    metric["le"] = json!(le);
+                }
+                json!({"metric": metric, "value": [1.7e9, v]})
+            };
+            let result: Vec<Value> = if q.contains("_bucket") {
+                let (a, b) = if q.contains("first_token") {
+                    ("9", "10")
+                } else {
+                    ("400", "400")
+                };
+                vec![series("p-0", Some("0.5"), a), series("p-0", Some("+Inf"), b)]
+            } else if q.contains("requests_waiting") {
+                let mut r = vec![series("p-0", None, "2")];
+                if p1_waiting {
+                    r.push(series("p-1", None, "0"));
+                }
+                r
+            } else if q.contains("requests_running") {
+                vec![series("p-0", None, "3")]
+            } else if q.contains("requests_total") {
+                vec![series("p-0", None, "10")]
+            } else {
+                vec![series("p-0", None, "640")]
+            };
+            axum::Json(json!({"status": "success", "data": {"resultType": "vector", "result": result}}))
+        };
+        let app = axum::Router::new().route("/api/v1/query", axum::routing::get(query));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn prometheus_counters_per_pod_and_bucket() {
+        let http = http_client();
+        let pods = ["p-0".to_string(), "p-1".to_string()];
+        let got = query(&http, &prometheus(true).await, "ns", &pods).await.unwrap();
+        let p0 = &got["p-0"];
+        assert_eq!(
+            (p0.requests, p0.tokens, p0.waiting, p0.in_flight),
+            (10.0, 640.0, 2.0, 5.0)
+        );
+        assert_eq!(p0.ttft.0, vec![(0.5, 9.0), (f64::INFINITY, 10.0)]);
+        assert_eq!(p0.itl.count(), 400.0);
+        // A pod with only its queue gauge reads as idle counters, not as missing.
+        assert_eq!(got["p-1"].requests, 0.0);
+        let e = query(&http, &prometheus(false).await, "ns", &pods)
+            .await
+            .unwrap_err();
+        assert!(e.contains("p-1"), "{e}");
+    }
+}

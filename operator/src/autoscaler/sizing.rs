@@ -1,8 +1,8 @@
 //! Objectives and schedule windows in one autoscaler pass, with what the leader remembers between
 //! passes ([`Sizing`]): the window of counter readings ([`Window`]), the saturated output
 //! tokens/s of a replica (intervals whose queue never emptied, over [`SATURATION_WINDOW`]:
-//! `capacity::measure`'s rule), the unloaded p95s the model calibrated, and recent arrival rates for
-//! the trend.
+//! `capacity::measure`'s rule), the unloaded-p95 estimates of the last [`CALIBRATION_MEMORY`] (the
+//! lowest is the model's `L₀`), and recent arrival rates for the trend.
 //!
 //! Inputs the model needs that are not metrics: the lead time ([`lead_time`]) — how long a new pod
 //! takes to become Ready, measured from the deployment's own ready pods (creation to their `Ready`
@@ -32,6 +32,9 @@ pub const MIN_SATURATED_SECONDS: f64 = 10.0;
 pub const DEFAULT_LEAD: f64 = 60.0;
 /// Least span of readings before percentiles and rates are used.
 pub const MIN_SPAN: Duration = Duration::from_secs(10);
+/// How long an unloaded-latency estimate counts: the lowest of this span is the model's `L₀`, so a
+/// slower mix (longer prompts) raises it within this long.
+pub const CALIBRATION_MEMORY: Duration = Duration::from_secs(600);
 /// Span the arrival trend is measured over.
 const TREND_SPAN: Duration = Duration::from_secs(30);
 
@@ -41,7 +44,8 @@ pub struct Sizing {
     window: Window,
     saturation: History,
     mu: Option<f64>,
-    unloaded: Unloaded,
+    /// Recent estimates of the unloaded p95s (TTFT, ITL), for [`CALIBRATION_MEMORY`].
+    estimates: [VecDeque<(Instant, f64)>; 2],
     arrivals: VecDeque<(Instant, f64)>,
     /// The p95s (TTFT, ITL) of the last sizing, seconds.
     p95: [Option<f64>; 2],
@@ -163,8 +167,12 @@ impl Sizing {
             itl_p95: t.itl.quantile(0.95),
         };
         self.p95 = [load.ttft_p95, load.itl_p95];
-        let need = objectives::needed(&load, targets, mu, lead, current, self.unloaded);
-        self.unloaded = need.unloaded;
+        let need = objectives::needed(&load, targets, mu, lead, current, self.lowest_estimates(at));
+        for (history, fresh) in self.estimates.iter_mut().zip(need.unloaded) {
+            if let Some(v) = fresh {
+                history.push_back((at, v));
+            }
+        }
         let against = |m: Option<f64>, target: Option<f64>| {
             target.map(|t| format!("{} / {}", m.map_or("-".into(), secs), secs(t)))
         };
@@ -177,6 +185,19 @@ impl Sizing {
             message: need.why.chars().take(1000).collect(),
         };
         (Some(need), status)
+    }
+
+    /// The lowest unloaded-p95 estimates of the last [`CALIBRATION_MEMORY`] (older ones forgotten).
+    fn lowest_estimates(&mut self, at: Instant) -> Unloaded {
+        self.estimates.each_mut().map(|history| {
+            while history
+                .front()
+                .is_some_and(|(t, _)| at.duration_since(*t) > CALIBRATION_MEMORY)
+            {
+                history.pop_front();
+            }
+            history.iter().map(|(_, v)| *v).reduce(f64::min)
+        })
     }
 
     /// The measured p95s (TTFT, ITL) of the last sizing, seconds.
