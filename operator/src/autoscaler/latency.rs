@@ -211,8 +211,17 @@ impl Window {
 
     /// Increases from the oldest reading to the newest, if they are at least `min_span` apart.
     pub fn totals(&self, min_span: Duration) -> Option<Totals> {
-        let (first_at, first) = self.readings.front()?;
+        self.totals_within(Duration::MAX, min_span)
+    }
+
+    /// Increases over the readings of the last `span` (from the oldest within it to the newest), if
+    /// they are at least `min_span` apart.
+    pub fn totals_within(&self, span: Duration, min_span: Duration) -> Option<Totals> {
         let (last_at, last) = self.readings.back()?;
+        let (first_at, first) = self
+            .readings
+            .iter()
+            .find(|(t, _)| last_at.duration_since(*t) <= span)?;
         let seconds = last_at.duration_since(*first_at);
         if seconds < min_span || seconds.is_zero() {
             return None;

@@ -15,8 +15,9 @@
 //! left by a burst inflates `L` beyond what the current `ρ` explains, never below. An objective `T` is met at `n`
 //! replicas when `L₀ / (1 − ρ(n)) ≤ (1 − m)·T`, so `n ≥ Λ / (μ · (1 − L₀ / ((1 − m)·T)))`.
 //!
-//! Decisions: the count needed with margin [`UP_MARGIN`] above the current count is a scale-up; below
-//! it, the fleet goes down only to the count that still meets every objective with [`DOWN_MARGIN`]
+//! Decisions: the count needed with margin [`UP_MARGIN`] above the current count is a scale-up — and a
+//! measured p95 over `(1 − m)·T` asks for at least `n·L/((1 − m)·T)` (the model is wrong when the
+//! measurement says so: a backlog, a calibration that lags); below it, the fleet goes down only to the count that still meets every objective with [`DOWN_MARGIN`]
 //! (hysteresis, before the stabilization windows). Rising load: `Λ` is projected over the lead time
 //! (how long a new pod takes to become Ready) along the arrival rate's trend, upward only.
 //!
@@ -186,8 +187,15 @@ fn sized(
             ),
         );
     };
-    let n = if up > current {
-        up
+    // The model is wrong when the measurement says so (a backlog the steady state does not see, a
+    // calibration that lags): a p95 over the objective scales at least in proportion to the overshoot.
+    let floor = measured
+        .filter(|l| *l > (1.0 - UP_MARGIN) * target)
+        .map_or(0, |l| {
+            (f64::from(current.max(1)) * l / ((1.0 - UP_MARGIN) * target)).ceil() as i32
+        });
+    let n = if up.max(floor) > current {
+        up.max(floor)
     } else {
         count(DOWN_MARGIN).map_or(current, |down| down.max(up).min(current))
     };
@@ -280,11 +288,12 @@ mod tests {
         let mut heavy = load(2, 800.0, 3.0, 0.5);
         heavy.arrival_rate = 12.0;
         let n2 = needed(&heavy, &BOTH, Some(400.0), 60.0, 2, n.unloaded);
-        // ITL: 1200/(400·0.583) = 5.14 -> 6.
-        assert_eq!(n2.replicas, 6, "{}", n2.why);
+        // The model: ITL 1200/(400·0.583) = 5.14 -> 6; but the measurements overshoot, TTFT 3 s of
+        // 1 s (2 × 3 / 0.9 -> 7) and ITL 500 ms of 80 ms (2 × 0.5 / 0.072 = 13.9 -> 14).
+        assert_eq!(n2.replicas, 14, "{}", n2.why);
         assert_eq!(n2.unloaded, [None, None], "no estimate above ρ 0.9");
         // A backlog inflates TTFT to 3 s at ρ 0.5: this window estimates 1.5 s, but the lowest
-        // recent estimate (200 ms) sizes the fleet.
+        // recent estimate (200 ms) is the model's, and the overshoot scales the fleet: 2 × 3 / 0.9 -> 7.
         let backlog = needed(
             &load(2, 400.0, 3.0, 0.06),
             &BOTH,
@@ -294,7 +303,8 @@ mod tests {
             n.unloaded,
         );
         assert_eq!(backlog.unloaded[0], Some(1.5));
-        assert_eq!(backlog.replicas, 2, "{}", backlog.why);
+        assert!(backlog.why.contains("unloaded 200ms"), "{}", backlog.why);
+        assert_eq!(backlog.replicas, 7, "{}", backlog.why);
     }
 
     #[test]

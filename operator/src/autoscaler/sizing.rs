@@ -35,6 +35,8 @@ pub const MIN_SPAN: Duration = Duration::from_secs(10);
 /// How long an unloaded-latency estimate counts: the lowest of this span is the model's `L₀`, so a
 /// slower mix (longer prompts) raises it within this long.
 pub const CALIBRATION_MEMORY: Duration = Duration::from_secs(600);
+/// Span the arrival and token rates are measured over.
+pub const RATE_SPAN: Duration = Duration::from_secs(12);
 /// Span the arrival trend is measured over.
 const TREND_SPAN: Duration = Duration::from_secs(30);
 
@@ -151,11 +153,17 @@ impl Sizing {
             };
             return (None, status);
         };
-        let arrival = t.arrival_rate();
+        // Rates from the last few readings (a 30-60 s average lags a ramp by half of it), lengths and
+        // percentiles from the whole window.
+        let recent = self
+            .window
+            .totals_within(RATE_SPAN, MIN_SPAN)
+            .unwrap_or_else(|| t.clone());
+        let arrival = recent.arrival_rate();
         let trend = self.trend(at, arrival);
         let load = Load {
             replicas,
-            token_rate: t.token_rate(),
+            token_rate: recent.token_rate(),
             arrival_rate: arrival,
             output_tokens: if t.requests > 0.0 {
                 t.tokens / t.requests
