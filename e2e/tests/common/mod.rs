@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod fleet;
+pub mod ramp;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
