@@ -67,3 +67,11 @@ pub async fn expect(
     send.send_response(answer(&body));
     body
 }
+
+/// Serves `app` (a stand-in Prometheus HTTP API, say) on a loopback port; its base URL.
+pub async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}

@@ -156,11 +156,11 @@ impl Autoscaler {
         let lead = sizing::lead_time(pods);
         let (spec, windows) = match sizing::bounded(&spec, now, lead) {
             Ok(bounded) => bounded,
-            Err(e) => return invalid(&prev, "InvalidSchedule", e),
+            Err(e) => return invalid(md, "InvalidSchedule", e),
         };
         let targets = match sizing::targets(&spec) {
             Ok(t) => t,
-            Err(e) => return invalid(&prev, "InvalidObjectives", e),
+            Err(e) => return invalid(md, "InvalidObjectives", e),
         };
         let current = prev
             .desired_replicas
@@ -168,13 +168,7 @@ impl Autoscaler {
             .unwrap_or(spec.min_replicas);
         let hold = Scaled {
             replicas: current.clamp(spec.min_replicas, spec.max_replicas),
-            scaling: previous_scaling(&prev),
-            observed_metrics: prev.observed_metrics.clone(),
-            last_scale_time: prev.last_scale_time.clone(),
-            recent_decisions: prev.recent_decisions.clone(),
-            autoscaler: prev.autoscaler.clone(),
-            objectives: prev.objectives.clone(),
-            decision_reason: None,
+            ..unchanged(md)
         };
         let key = format!("{ns}/{name}");
         let Some(state) = self.due(&key, &prev, now, hold.replicas == current) else {
@@ -622,19 +616,13 @@ fn saturated_figure(prev: &ModelDeploymentStatus) -> Option<f64> {
 
 /// Holds the count, with `ScalingActive=False` for `reason` and its message (a spec the operator
 /// cannot act on).
-fn invalid(prev: &ModelDeploymentStatus, reason: &str, message: String) -> Scaled {
+fn invalid(md: &ModelDeployment, reason: &str, message: String) -> Scaled {
     Scaled {
-        replicas: prev.desired_replicas.unwrap_or(1),
         scaling: Scaling {
             active: false,
             reason: reason.into(),
             message,
         },
-        observed_metrics: prev.observed_metrics.clone(),
-        last_scale_time: prev.last_scale_time.clone(),
-        recent_decisions: prev.recent_decisions.clone(),
-        autoscaler: prev.autoscaler.clone(),
-        objectives: prev.objectives.clone(),
-        decision_reason: None,
+        ..unchanged(md)
     }
 }

@@ -214,11 +214,7 @@ mod tests {
                 {"metric": {"pod": "p-1"}, "value": [1.7e9, "1"]}]}}),
             )
         };
-        let app = axum::Router::new().route("/api/v1/query", axum::routing::get(query));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        format!("http://{addr}")
+        crate::testing::serve(axum::Router::new().route("/api/v1/query", axum::routing::get(query))).await
     }
 
     #[tokio::test]
