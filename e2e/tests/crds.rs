@@ -186,6 +186,20 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
             "spec.cost.currency",
         ),
         (
+            "cost without any price",
+            model_deployment("noprice", "  cost:\n    currency: EUR\n", DIGEST),
+            "spec.cost needs at least one price",
+        ),
+        (
+            "token price with 7 decimals",
+            model_deployment(
+                "tokprice",
+                "  cost:\n    outputPerMillionTokens: \"0.1234567\"\n",
+                DIGEST,
+            ),
+            "spec.cost.outputPerMillionTokens",
+        ),
+        (
             "cost window lower bound",
             model_deployment(
                 "window",

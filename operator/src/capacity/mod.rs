@@ -79,7 +79,13 @@ async fn observe(md: &ModelDeployment, pods: &[Pod], ctx: &Capacity) -> Option<C
     let name = md.name_any();
     let key = format!("{ns}/{name}");
     forget_stale(ctx);
-    let Some(cost) = &md.spec.cost else {
+    // Capacity is priced per replica-hour; token prices alone are the gateway's business.
+    let Some(cost) = md
+        .spec
+        .cost
+        .as_ref()
+        .filter(|c| c.price_per_replica_hour.is_some())
+    else {
         ctx.memory.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         ctx.metrics.clear_capacity(&ns, &name);
         return None;
@@ -113,7 +119,11 @@ async fn observe(md: &ModelDeployment, pods: &[Pod], ctx: &Capacity) -> Option<C
     let Some(m) = measurement.filter(|m| m.span >= MIN_SPAN) else {
         return previous;
     };
-    let price: f64 = cost.price_per_replica_hour.parse().unwrap_or(0.0);
+    let price: f64 = cost
+        .price_per_replica_hour
+        .as_deref()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0.0);
     let now = Timestamp::now();
     let fresh = m.status(price, &cost.currency, now);
     let out = match previous {

@@ -12,6 +12,7 @@
 //! - [`metric_names`]: metric names the runtime exports and the gateway and operator read.
 //! - [`exposition`]: reading a Prometheus `/metrics` page (the gateway reads pods' load with it).
 //! - [`version`]: what `--version` prints (the release version and the git revision).
+//! - `limits`: a tenant's fleet-wide request, token and spend limits, as the tenants file declares them.
 //! - `listener` (with the `axum` feature): a bounded HTTP/1.1 listener — connection cap, header read
 //!   deadline and size cap, graceful stop.
 //!
@@ -20,6 +21,7 @@
 pub mod adapters;
 pub mod error;
 pub mod exposition;
+pub mod limits;
 #[cfg(feature = "axum")]
 pub mod listener;
 pub mod metric_names;

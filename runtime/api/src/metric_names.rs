@@ -127,3 +127,14 @@ pub const GATEWAY_PENDING_REQUESTS: &str = "modelfleet_gateway_pending_requests"
 pub const GATEWAY_UPSTREAM_TTFT: &str = "modelfleet_gateway_upstream_ttft_seconds";
 /// Gateway: requests in flight per pod (gauge, `pod`).
 pub const GATEWAY_INFLIGHT: &str = "modelfleet_gateway_inflight";
+/// Gateway: requests refused by a tenant limit (counter, `namespace`, `model_deployment`, `tenant`,
+/// `reason` = concurrency | requests | tokens | daily_budget | monthly_budget | store_unavailable).
+pub const GATEWAY_LIMITED: &str = "modelfleet_gateway_limited_total";
+/// Gateway: tokens served as the runtime reports them (counter, `namespace`, `model_deployment`,
+/// `tenant`, `model`, `kind` = prompt | cached | completion).
+pub const GATEWAY_TOKENS: &str = "modelfleet_gateway_tokens_total";
+/// Gateway: what tenants were charged, priced from `spec.cost` (counter, `namespace`,
+/// `model_deployment`, `tenant`, `model`, `currency`).
+pub const GATEWAY_COST: &str = "modelfleet_gateway_cost_total";
+/// Gateway: calls to the limits store that failed or timed out (counter, `operation`).
+pub const GATEWAY_LIMITS_STORE_ERRORS: &str = "modelfleet_gateway_limits_store_errors_total";

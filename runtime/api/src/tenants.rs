@@ -7,6 +7,9 @@
 //!   apiKeys: ["sk-team-a-1"]          # and/or apiKeySha256: ["<hex of sha256(key)>"]
 //!   maxConcurrentRequests: 64          # optional quotas
 //!   maxQueuedTokens: 200000
+//!   requestsPerMinute: 600             # fleet-wide limits, enforced by the gateway
+//!   tokensPerMinute: 200000            # (crate::limits)
+//!   budget: {daily: "25.00", monthly: "400"}
 //! ```
 //!
 //! Invariants: keys are held only as SHA-256 digests and never logged or echoed in errors; a presented key
@@ -14,6 +17,7 @@
 //! file that fails to parse on reload leaves the previous keys in force (and says why in the log); the
 //! tenant id — never anything in a request body — is what scopes the prefix cache and quotas.
 
+use crate::limits::{BudgetEntry, Limits};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -33,6 +37,8 @@ pub struct Tenant {
     pub max_concurrent_requests: Option<u32>,
     /// Most prompt tokens queued at once; None = unlimited.
     pub max_queued_tokens: Option<u64>,
+    /// Request, token and spend limits over the whole fleet (the gateway's).
+    pub limits: Limits,
 }
 
 #[derive(Deserialize)]
@@ -47,6 +53,12 @@ struct TenantEntry {
     max_concurrent_requests: Option<u32>,
     #[serde(default)]
     max_queued_tokens: Option<u64>,
+    #[serde(default)]
+    requests_per_minute: Option<u64>,
+    #[serde(default)]
+    tokens_per_minute: Option<u64>,
+    #[serde(default)]
+    budget: Option<BudgetEntry>,
 }
 
 #[derive(Deserialize)]
@@ -152,10 +164,18 @@ impl Tenants {
                     entry.id
                 )));
             }
+            let limits = crate::limits::from_entry(
+                &entry.id,
+                entry.requests_per_minute,
+                entry.tokens_per_minute,
+                entry.budget.as_ref(),
+            )
+            .map_err(TenantsError::Invalid)?;
             let tenant = Arc::new(Tenant {
                 id: entry.id.clone(),
                 max_concurrent_requests: entry.max_concurrent_requests,
                 max_queued_tokens: entry.max_queued_tokens,
+                limits,
             });
             let mut digests = Vec::new();
             for (k, key) in entry.api_keys.iter().enumerate() {
@@ -226,6 +246,7 @@ impl Auth {
             id: DEFAULT_TENANT.into(),
             max_concurrent_requests: None,
             max_queued_tokens: None,
+            limits: Limits::default(),
         }))
     }
 
@@ -311,9 +332,36 @@ tenants:
   apiKeys: ["sk-team-a-1", "sk-team-a-2"]
   maxConcurrentRequests: 64
   maxQueuedTokens: 200000
+  requestsPerMinute: 600
+  tokensPerMinute: 200000
+  budget: {daily: "25.50", monthly: 400}
 - id: team-b
   apiKeySha256: ["3c6fbb7e2a2bc5e5a7e7f2e9e4c0e46e3f48f3ec4e1cf6b2f9e0d9b6c6d7a8b9"]
 "#;
+
+    #[test]
+    fn limits_are_read_and_checked() {
+        let t = Tenants::parse(FILE).unwrap();
+        let a = &t.all()[0].limits;
+        assert_eq!(
+            (
+                a.requests_per_minute,
+                a.tokens_per_minute,
+                a.daily_budget_micros,
+                a.monthly_budget_micros
+            ),
+            (Some(600), Some(200_000), Some(25_500_000), Some(400_000_000))
+        );
+        assert!(!t.all()[1].limits.any());
+        let bad = "tenants:\n- id: x\n  apiKeys: [sk-xxxxxxxx]\n  budget: {daily: \"1.1234567\"}\n";
+        let e = Tenants::parse(bad).unwrap_err().to_string();
+        assert!(
+            e.contains("tenant \"x\": budget.daily must be a positive amount"),
+            "{e}"
+        );
+        let bad = "tenants:\n- id: x\n  apiKeys: [sk-xxxxxxxx]\n  budget: {weekly: 3}\n";
+        assert!(Tenants::parse(bad).is_err());
+    }
 
     #[test]
     fn keys_map_to_tenants() {

@@ -1,6 +1,7 @@
 //! `modelfleet-gateway run` flags. Every flag has an env twin `MODELFLEET_GATEWAY_<FLAG_IN_CAPS>`
 //! (docs/design.md, "Gateway"); `docs/operations.md` lists them with their defaults.
 
+use crate::limits::FailureMode;
 use clap::{Parser, ValueEnum};
 use std::time::Duration;
 
@@ -76,6 +77,21 @@ pub struct RunArgs {
         default_value_t = 3.0
     )]
     pub secret_refresh_seconds: f64,
+    /// The store tenant limits and budgets live in, shared by every gateway replica: `redis://host:port`
+    /// (Redis or Valkey). Without it each replica counts on its own (right for one replica only).
+    #[arg(long, env = "MODELFLEET_GATEWAY_LIMITS_STORE")]
+    pub limits_store: Option<String>,
+    /// Milliseconds a call to the limits store may take before it counts as unreachable.
+    #[arg(
+        long,
+        env = "MODELFLEET_GATEWAY_LIMITS_STORE_TIMEOUT_MS",
+        default_value_t = 250
+    )]
+    pub limits_store_timeout_ms: u64,
+    /// When the limits store cannot be reached: `open` admits requests without fleet-wide limits,
+    /// `closed` answers 503 `limits_unavailable`.
+    #[arg(long, env = "MODELFLEET_GATEWAY_LIMITS_FAILURE_MODE", value_enum, default_value_t = FailureMode::Open)]
+    pub limits_failure_mode: FailureMode,
     /// Largest request body, bytes.
     #[arg(long, env = "MODELFLEET_GATEWAY_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,

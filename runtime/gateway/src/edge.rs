@@ -7,15 +7,14 @@
 //!    not use — an unknown model, another deployment's model, an adapter not listed for its tenant —
 //!    is the same 404, so the answer reveals nothing about what exists (the runtime does the same).
 //!
-//! [`Quotas`] enforces each tenant's `maxConcurrentRequests` across the fleet, per gateway replica:
-//! pods enforce it per pod, so behind the gateway a tenant could otherwise hold N× its quota.
+//! Then [`crate::limits`] applies the tenant's limits over the whole fleet (requests in flight,
+//! requests and tokens per minute, spend budgets).
 //! Invariants: the tenant comes from the key, never from the body; keys are never logged or echoed.
 
-use crate::fleet::{Deployment, DeploymentId, Fleet, Resolution};
+use crate::fleet::{Deployment, Fleet, Resolution};
 use modelfleet_api::error::{ApiError, ApiErrorKind};
 use modelfleet_api::tenants::Tenant;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 fn missing_key() -> ApiError {
     ApiError::new(
@@ -132,68 +131,10 @@ pub fn visible(fleet: &Fleet, key: Option<&str>) -> Vec<(Arc<Deployment>, Vec<St
         .collect()
 }
 
-/// Requests in flight per (deployment, tenant) at this gateway replica.
-#[derive(Default)]
-pub struct Quotas {
-    counts: Mutex<HashMap<(DeploymentId, String), u32>>,
-}
-
-/// One request counted against its tenant's quota until dropped.
-pub struct QuotaGuard {
-    quotas: Arc<Quotas>,
-    key: Option<(DeploymentId, String)>,
-}
-
-impl Drop for QuotaGuard {
-    fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            let mut counts = self.quotas.counts.lock().unwrap();
-            if let Some(n) = counts.get_mut(&key) {
-                *n -= 1;
-                if *n == 0 {
-                    counts.remove(&key);
-                }
-            }
-        }
-    }
-}
-
-impl Quotas {
-    /// Counts a request of `tenant` to `d`, or refuses it (429 `tenant_quota`, never retried).
-    pub fn acquire(self: &Arc<Self>, d: &DeploymentId, tenant: &Tenant) -> Result<QuotaGuard, ApiError> {
-        let Some(limit) = tenant.max_concurrent_requests else {
-            return Ok(QuotaGuard {
-                quotas: self.clone(),
-                key: None,
-            });
-        };
-        let key = (d.clone(), tenant.id.clone());
-        let mut counts = self.counts.lock().unwrap();
-        let n = counts.entry(key.clone()).or_default();
-        if *n >= limit {
-            return Err(ApiError {
-                code: Some("tenant_quota".into()),
-                ..ApiError::new(
-                    ApiErrorKind::RateLimited { retry_after_secs: 1 },
-                    format!(
-                        "tenant `{}` already has {limit} requests in flight (maxConcurrentRequests {limit})",
-                        tenant.id
-                    ),
-                )
-            });
-        }
-        *n += 1;
-        Ok(QuotaGuard {
-            quotas: self.clone(),
-            key: Some(key),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{Adapter, Tenancy};
+    use crate::fleet::{Adapter, DeploymentId, Tenancy};
     use crate::ring::Ring;
     use modelfleet_api::tenants::Tenants;
     use std::collections::{BTreeMap, BTreeSet};
@@ -229,6 +170,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             created: 0,
             max_model_len: None,
+            prices: Default::default(),
         }
     }
 
@@ -358,33 +300,5 @@ mod tests {
             status(authorize(&f, "broken", Some("sk-tenant-a"))),
             Err((503, String::new()))
         );
-    }
-
-    #[test]
-    fn quotas_hold_until_dropped() {
-        let q = Arc::new(Quotas::default());
-        let d = DeploymentId {
-            namespace: "ns".into(),
-            name: "chat".into(),
-        };
-        let t = Tenant {
-            id: "a".into(),
-            max_concurrent_requests: Some(2),
-            max_queued_tokens: None,
-        };
-        let g1 = q.acquire(&d, &t).unwrap();
-        let _g2 = q.acquire(&d, &t).unwrap();
-        let e = q.acquire(&d, &t).err().unwrap();
-        assert_eq!(
-            (e.status(), e.retry_after(), e.code.as_deref()),
-            (429, Some(1), Some("tenant_quota"))
-        );
-        drop(g1);
-        assert!(q.acquire(&d, &t).is_ok());
-        let free = Tenant {
-            max_concurrent_requests: None,
-            ..t
-        };
-        let _many: Vec<_> = (0..10).map(|_| q.acquire(&d, &free).unwrap()).collect();
     }
 }

@@ -25,6 +25,7 @@ pub mod config;
 pub mod discovery;
 pub mod edge;
 pub mod fleet;
+pub mod limits;
 pub mod load;
 pub mod metrics;
 pub mod pending;

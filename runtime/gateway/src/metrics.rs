@@ -103,6 +103,11 @@ impl Metrics {
         m
     }
 
+    /// Registers a further collector (the limits' metrics).
+    pub fn register(&self, c: Box<dyn prometheus::core::Collector>) {
+        self.registry.register(c).expect("unique");
+    }
+
     /// Makes `id`'s retry counter and pending gauge exist (at 0) once a request names it, so dashboards
     /// and the operator read 0 rather than no series.
     pub fn touch(&self, id: &crate::fleet::DeploymentId) {

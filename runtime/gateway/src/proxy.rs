@@ -13,11 +13,14 @@
 //! ends with `data: {"error": …}` and `data: [DONE]` (a JSON answer is cut off, which the client sees
 //! as an incomplete body), never a hang — a pod silent for `--upstream-idle-timeout` counts as failed;
 //! a client that goes away drops the upstream response, which closes the pod's connection, so the pod
-//! cancels the request and frees its KV blocks; the in-flight count, the quota and the record live as
-//! long as the response body.
+//! cancels the request and frees its KV blocks; the in-flight count, the tenant's lease (which reads
+//! the answer's token usage as it passes, `limits::meter`) and the record live as long as the response
+//! body.
 
-use crate::edge::{Authorized, QuotaGuard};
+use crate::edge::Authorized;
 use crate::fleet::Pod;
+use crate::limits::Lease;
+use crate::limits::meter::USAGE_HEADER;
 use crate::load::InflightGuard;
 use crate::record::Record;
 use crate::request::{Routed, affinity_key};
@@ -80,8 +83,8 @@ pub struct Job {
     pub deadline: Instant,
     /// When it arrived.
     pub arrival: Instant,
-    /// Its tenant's quota slot.
-    pub quota: QuotaGuard,
+    /// Its share of the tenant's limits, settled when the answer ends.
+    pub lease: Lease,
     /// Its accounting.
     pub record: Record,
 }
@@ -273,6 +276,7 @@ async fn send(gw: &Gateway, job: &Job, pod: &Pod) -> Result<reqwest::Response, S
         .client
         .post(url)
         .headers(job.headers.clone())
+        .header(USAGE_HEADER, "1")
         .body(job.body.clone())
         .send();
     match tokio::time::timeout_at(job.deadline, request).await {
@@ -448,7 +452,7 @@ struct Streaming {
     origin: Origin,
     record: Record,
     _inflight: InflightGuard,
-    _quota: QuotaGuard,
+    lease: Lease,
 }
 
 fn stream_error(why: &str) -> Bytes {
@@ -480,6 +484,9 @@ fn commit(
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let head = response_head(&gw, status, resp.headers(), &pod);
     let ok = status.is_success();
+    if ok {
+        job.lease.serving(resp.headers());
+    }
     let state = Streaming {
         resp,
         first: Some(first),
@@ -495,7 +502,7 @@ fn commit(
         },
         record: job.record,
         _inflight: inflight,
-        _quota: job.quota,
+        lease: job.lease,
     };
     let body = futures::stream::unfold(state, move |mut s| async move {
         if s.done {
@@ -504,6 +511,9 @@ fn commit(
         if let Some(first) = s.first.take()
             && !first.is_empty()
         {
+            if s.sse {
+                s.lease.streamed(&first);
+            }
             return Some((Ok(first), s));
         }
         let outcome = if ok {
@@ -512,7 +522,12 @@ fn commit(
             s.resp.status().as_str().to_string()
         };
         match tokio::time::timeout(s.idle, s.resp.chunk()).await {
-            Ok(Ok(Some(chunk))) => Some((Ok(chunk), s)),
+            Ok(Ok(Some(chunk))) => {
+                if s.sse {
+                    s.lease.streamed(&chunk);
+                }
+                Some((Ok(chunk), s))
+            }
             Ok(Ok(None)) => {
                 s.record.finish(&outcome);
                 None

@@ -4,9 +4,11 @@
 //!
 //! A generation request goes: edge check on the key (before the body is read) → body read with a
 //! size cap and a deadline → `model` and the affinity inputs peeked → the deployment's own tenants
-//! decide → the tenant's quota → [`proxy::forward`].
+//! decide → the tenant's limits over the fleet ([`crate::limits`]) → [`proxy::forward`]; the
+//! `x-ratelimit-*` headers go on every answer past that point.
 
 use crate::edge::{admit, authorize, visible};
+use crate::limits::Who;
 use crate::proxy::{self, Job, fail, upstream_headers};
 use crate::record::Record;
 use crate::request::peek;
@@ -142,10 +144,27 @@ async fn generate(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     record.namespace = auth.deployment.id.namespace.clone();
     record.deployment = auth.deployment.id.name.clone();
     record.tenant = auth.tenant.id.clone();
-    let quota = match gw.quotas.acquire(&auth.deployment.id, &auth.tenant) {
-        Ok(q) => q,
-        Err(e) => return fail(&mut record, e),
+    // 3. The tenant's limits over the fleet: refused here, a request costs the pods nothing.
+    let who = Who {
+        namespace: auth.deployment.id.namespace.clone(),
+        deployment: auth.deployment.id.name.clone(),
+        tenant: auth.tenant.id.clone(),
+        model: routed.model.clone(),
     };
+    let prices = auth.deployment.prices.clone();
+    let lease = match gw
+        .limiter
+        .admit(who, &auth.tenant, prices, prompt_estimate(&body))
+        .await
+    {
+        Ok(l) => l,
+        Err(refused) => {
+            let mut resp = fail(&mut record, refused.error);
+            refused.headers.apply(resp.headers_mut());
+            return resp;
+        }
+    };
+    let rate = lease.headers.clone();
     let within = routed.timeout.map_or(s.request_timeout, |t| {
         s.request_timeout.min(crate::config::secs(t))
     });
@@ -157,10 +176,19 @@ async fn generate(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         body,
         deadline: arrival + within,
         arrival,
-        quota,
+        lease,
         record,
     };
-    proxy::forward(gw, job).await
+    let mut resp = proxy::forward(gw, job).await;
+    rate.apply(resp.headers_mut());
+    resp
+}
+
+/// Prompt tokens charged at admission, before the runtime counts them: a quarter of the body's bytes
+/// (about a token per four bytes of English text; JSON around it makes it an overestimate), corrected
+/// when the answer ends.
+fn prompt_estimate(body: &[u8]) -> u64 {
+    (body.len() as u64).div_ceil(4)
 }
 
 #[derive(Serialize)]

@@ -5,6 +5,7 @@
 
 use crate::config::{RunArgs, secs};
 use crate::fleet::Fleet;
+use crate::limits::store::Store;
 use crate::load::scrape;
 use crate::routes;
 use crate::state::{Gateway, Settings};
@@ -53,11 +54,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("a Kubernetes client (in-cluster, or KUBECONFIG)")?;
     let (tx, rx) = watch::channel(Arc::new(Fleet::default()));
     let scrape_every = Duration::from_millis(args.scrape_interval_ms.max(100));
-    let gw = Gateway::new(
+    let store = match &args.limits_store {
+        Some(url) => Store::redis(url, Duration::from_millis(args.limits_store_timeout_ms.max(1)))
+            .map_err(anyhow::Error::msg)?,
+        None => Store::local(),
+    };
+    let gw = Gateway::with_store(
         rx,
         Settings::from_args(&args),
         args.max_pending_per_deployment,
         scrape_every,
+        store,
+        args.limits_failure_mode,
+    );
+    tracing::info!(
+        shared = gw.limiter.shared,
+        failure_mode = ?args.limits_failure_mode,
+        "tenant limits store"
     );
     tokio::spawn(crate::discovery::run(
         client,

@@ -1,10 +1,10 @@
 //! What every handler shares: the fleet snapshot (a `watch` channel the discovery task publishes to),
-//! per-pod loads, the waiting rooms, tenant quotas, metrics, the upstream HTTP client and the settings.
+//! per-pod loads, the waiting rooms, the tenant limiter, metrics, the upstream HTTP client and the settings.
 //! Built from flags by `serve`, or directly by tests with a fleet they publish themselves.
 
 use crate::config::{Routing, RunArgs, secs};
-use crate::edge::Quotas;
 use crate::fleet::Fleet;
+use crate::limits::{FailureMode, Limiter, store::Store};
 use crate::load::LoadTable;
 use crate::metrics::Metrics;
 use crate::pending::Pending;
@@ -70,8 +70,8 @@ pub struct Gateway {
     pub loads: LoadTable,
     /// Requests held while a deployment has no Ready pod.
     pub pending: Arc<Pending>,
-    /// Tenant quotas at this replica.
-    pub quotas: Arc<Quotas>,
+    /// Tenant limits over the fleet.
+    pub limiter: Arc<Limiter>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The client for pods (no proxy, pooled, short connect timeout).
@@ -99,19 +99,40 @@ pub fn upstream_client() -> reqwest::Client {
 }
 
 impl Gateway {
-    /// A gateway over `fleet` with `settings`, scraping each pod every `scrape_interval`.
+    /// A gateway over `fleet` with `settings`, scraping each pod every `scrape_interval`, with tenant
+    /// limits in this replica's memory.
     pub fn new(
         fleet: watch::Receiver<Arc<Fleet>>,
         settings: Settings,
         max_pending: usize,
         scrape_interval: Duration,
     ) -> Arc<Gateway> {
+        Gateway::with_store(
+            fleet,
+            settings,
+            max_pending,
+            scrape_interval,
+            Store::local(),
+            FailureMode::Open,
+        )
+    }
+
+    /// The same, with tenant limits in `store`, and `failure` when it cannot be reached.
+    pub fn with_store(
+        fleet: watch::Receiver<Arc<Fleet>>,
+        settings: Settings,
+        max_pending: usize,
+        scrape_interval: Duration,
+        store: Store,
+        failure: FailureMode,
+    ) -> Arc<Gateway> {
         let metrics = Arc::new(Metrics::new());
+        let limiter = Limiter::new(store, failure, &metrics);
         Arc::new(Gateway {
             fleet,
             loads: LoadTable::new(scrape_interval, metrics.clone()),
             pending: Pending::new(max_pending, metrics.clone()),
-            quotas: Arc::default(),
+            limiter,
             metrics,
             client: upstream_client(),
             settings,

@@ -173,6 +173,7 @@ pub fn fleet(
                     .as_ref()
                     .map_or(0, |t| t.0.as_second().max(0) as u64),
                 max_model_len: runtime.and_then(|r| r.max_model_len).map(|v| v.max(0) as u64),
+                prices: crate::limits::Prices::from_spec(md.spec.cost.as_ref()),
             }
         })
         .collect();

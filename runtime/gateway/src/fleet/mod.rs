@@ -90,6 +90,8 @@ pub struct Deployment {
     pub created: u64,
     /// `spec.runtime.maxModelLen`, when set.
     pub max_model_len: Option<u64>,
+    /// Token prices from `spec.cost` (what tenants are charged).
+    pub prices: crate::limits::Prices,
 }
 
 impl Deployment {
@@ -110,6 +112,7 @@ pub fn default_tenant() -> Arc<Tenant> {
         id: modelfleet_api::tenants::DEFAULT_TENANT.into(),
         max_concurrent_requests: None,
         max_queued_tokens: None,
+        limits: Default::default(),
     })
 }
 
@@ -241,6 +244,7 @@ mod tests {
                 .collect(),
             created: 0,
             max_model_len: None,
+            prices: Default::default(),
         }
     }
 

@@ -140,12 +140,24 @@ async fn answer(
             .body(Body::from_stream(s))
             .unwrap()
     };
+    // The runtime's usage report, when the gateway asks for it (as it always does).
+    let report = headers.contains_key("x-modelfleet-usage");
     match mode {
         Mode::Ok if stream => sse(vec![
             format!("data: {{\"pod\":\"{name}\",\"n\":1}}\n\n"),
             format!("data: {{\"pod\":\"{name}\",\"n\":2}}\n\n"),
+            if report {
+                ": modelfleet-usage prompt=7 cached=2 completion=2\n\n".into()
+            } else {
+                String::new()
+            },
             "data: [DONE]\n\n".into(),
         ]),
+        Mode::Ok if report => (
+            [("x-modelfleet-usage", "prompt=7 cached=2 completion=1")],
+            axum::Json(serde_json::json!({"pod": name})),
+        )
+            .into_response(),
         Mode::Ok => axum::Json(serde_json::json!({"pod": name})).into_response(),
         Mode::Completion if stream => sse(COMPLETION_CHUNKS.iter().map(|c| c.to_string()).collect()),
         Mode::Completion => (
@@ -294,6 +306,7 @@ pub fn deployment(pods: &[Pod], tenancy: Tenancy, adapters: &[(&str, &[&str], &[
         served_name: "llama".into(),
         tenancy,
         shared_prefix_cache: false,
+        prices: Default::default(),
         pods: sorted,
         ring: Arc::new(Ring::new(&names)),
         adapters: adapters

@@ -6,7 +6,7 @@
 use super::generate::{self, ChoiceSpec};
 use super::params::fit_context;
 use super::state::AppState;
-use super::stream::{Flavor, stream_response};
+use super::stream::{Flavor, UsageOut, report, stream_response};
 use super::validate::{self, ValidChat};
 use super::{body, prompt, structured, tools};
 use crate::api::error::ApiError;
@@ -17,6 +17,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use modelfleet_api::limits::USAGE_HEADER;
 use modelfleet_engine::sampling::SampleOutput;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -89,11 +90,11 @@ async fn streamed(
     job: &generate::JobSpec,
     running: Vec<generate::Running>,
     flavor: Flavor,
-    include_usage: bool,
+    usage: UsageOut,
     field: Option<&str>,
 ) -> Result<Response, ApiError> {
     let who = (job.tenant.id.clone(), job.model.clone());
-    stream_response(st, who, running, flavor, include_usage)
+    stream_response(st, who, running, flavor, usage)
         .await
         .map_err(|e| structured::name_field(e, field))
 }
@@ -141,7 +142,11 @@ pub async fn chat(
             with_logprobs,
             with_tools,
         };
-        return streamed(st, &job, running, flavor, v.include_usage, field.as_deref()).await;
+        let usage = UsageOut {
+            chunk: v.include_usage,
+            report: headers.contains_key(USAGE_HEADER),
+        };
+        return streamed(st, &job, running, flavor, usage, field.as_deref()).await;
     }
     let done = collected(&st, &job, running, field.as_deref()).await?;
     let choices = done
@@ -159,15 +164,16 @@ pub async fn chat(
         })
         .collect();
     let usage = done.usage();
-    Ok(axum::Json(ChatCompletion {
+    let reported = report(&usage);
+    let answer = axum::Json(ChatCompletion {
         id,
         object: "chat.completion",
         created: unix_now(),
         model: job.model.clone(),
         choices,
         usage,
-    })
-    .into_response())
+    });
+    Ok(([(USAGE_HEADER, reported)], answer).into_response())
 }
 
 pub(super) fn chat_logprobs(st: &AppState, lps: &[SampleOutput]) -> ChatLogprobs {
@@ -249,7 +255,11 @@ pub async fn completions(
             with_logprobs,
             echo: running.iter().map(|r| echo[r.prompt_index].clone()).collect(),
         };
-        return streamed(st, &job, running, flavor, v.include_usage, field.as_deref()).await;
+        let usage = UsageOut {
+            chunk: v.include_usage,
+            report: headers.contains_key(USAGE_HEADER),
+        };
+        return streamed(st, &job, running, flavor, usage, field.as_deref()).await;
     }
     let done = collected(&st, &job, running, field.as_deref()).await?;
     let choices = done
@@ -263,13 +273,15 @@ pub async fn completions(
             finish_reason: Some(o.finish_reason()),
         })
         .collect();
-    Ok(axum::Json(Completion {
+    let usage = done.usage();
+    let reported = report(&usage);
+    let answer = axum::Json(Completion {
         id,
         object: "text_completion",
         created: unix_now(),
         model: job.model.clone(),
         choices,
-        usage: Some(done.usage()),
-    })
-    .into_response())
+        usage: Some(usage),
+    });
+    Ok(([(USAGE_HEADER, reported)], answer).into_response())
 }

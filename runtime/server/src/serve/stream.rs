@@ -17,6 +17,7 @@ use crate::api::response::*;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
+use modelfleet_api::limits::{USAGE_COMMENT, usage_report};
 use modelfleet_engine::sched::RequestEvent;
 use modelfleet_engine::stop::FinishReason;
 use std::convert::Infallible;
@@ -41,13 +42,22 @@ pub enum Flavor {
     },
 }
 
+/// What a stream tells of its token usage when it ends.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UsageOut {
+    /// The usage chunk (`stream_options.include_usage`).
+    pub chunk: bool,
+    /// The `: modelfleet-usage …` comment the gateway reads (request header `x-modelfleet-usage`).
+    pub report: bool,
+}
+
 /// Streams the choices as SSE (see the module header).
 pub async fn stream_response(
     st: Arc<AppState>,
     (tenant, model): (String, String),
     running: Vec<Running>,
     flavor: Flavor,
-    include_usage: bool,
+    usage: UsageOut,
 ) -> Result<Response, ApiError> {
     let keys: Vec<(usize, u32)> = running.iter().map(|r| (r.prompt_index, r.index)).collect();
     let mut events = generate::merged(running);
@@ -70,11 +80,20 @@ pub async fn stream_response(
         flavor,
         failure: None,
     };
-    tokio::spawn(chunks.write(events, first, tx, include_usage));
+    tokio::spawn(chunks.write(events, first, tx, usage));
     let body = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
     Ok(Sse::new(body).into_response())
+}
+
+/// The usage report the gateway reads (`modelfleet_api::limits`).
+pub fn report(u: &UsageBody) -> String {
+    usage_report(
+        u.prompt_tokens as u64,
+        u.prompt_tokens_details.cached_tokens as u64,
+        u.completion_tokens as u64,
+    )
 }
 
 /// One stream's writer: what it knows, and what it has seen so far.
@@ -101,7 +120,7 @@ impl Chunks {
         mut events: Merged,
         first: Option<(usize, RequestEvent)>,
         tx: Sender<Event>,
-        usage: bool,
+        usage: UsageOut,
     ) {
         for i in 0..self.keys.len() {
             if let Some(ev) = self.opening(i)
@@ -207,13 +226,16 @@ impl Chunks {
     }
 
     /// After the last event: the failure, the usage chunk (when asked for), `[DONE]`.
-    fn closing(&mut self, usage: bool) -> Vec<Event> {
+    fn closing(&mut self, wanted: UsageOut) -> Vec<Event> {
         let mut out = Vec::new();
         if let Some(e) = self.failure.take() {
             out.push(Event::default().data(e.body()));
         }
-        if usage {
-            let usage = generate::usage(self.keys.iter().map(|k| k.0).zip(&self.outs));
+        let usage = generate::usage(self.keys.iter().map(|k| k.0).zip(&self.outs));
+        if wanted.report {
+            out.push(Event::default().comment(format!("{} {}", USAGE_COMMENT, report(&usage))));
+        }
+        if wanted.chunk {
             out.push(match &self.flavor {
                 Flavor::Chat { .. } => self.chat_chunk(vec![], Some(usage)),
                 Flavor::Completion { id, .. } => sse_json(&Completion {
