@@ -5,8 +5,9 @@
 #
 #   images/build.sh dist      release binaries of the three programs into dist/ (MODELFLEET_REVISION =
 #                             the git commit, so `--version` names it)
-#   images/build.sh images    dist, then localhost/modelfleet/base:bookworm (images/base) and
-#                             localhost/modelfleet/{operator,gateway,runtime}:$VERSION
+#   images/build.sh images    dist, then localhost/modelfleet/base:bookworm (images/base),
+#                             localhost/modelfleet/{operator,gateway,runtime}:$VERSION and the limits
+#                             store localhost/modelfleet/store:$VERSION (images/store)
 #   images/build.sh push      pushes those to $REGISTRY/modelfleet/<program>:$VERSION and prints the
 #                             chart values that pin them by digest (also written to dist/helm-values.yaml)
 #
@@ -53,6 +54,11 @@ images() {
       --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
       -t "localhost/modelfleet/$p:$VERSION" dist >/dev/null
   done
+  log "modelfleet/store:$VERSION (redis-server from Debian's packages)"
+  bash images/store/rootfs.sh images/store/rootfs
+  bah bud --quiet --layers=false -f images/store/Containerfile \
+    --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
+    -t "localhost/modelfleet/store:$VERSION" images/store >/dev/null
   # Earlier builds' images, untagged now, would pile up in the store run after run.
   bah rmi --prune >/dev/null 2>&1 || true
   bah images --filter reference='localhost/modelfleet/*'
@@ -66,7 +72,7 @@ push() {
   mkdir -p dist
   local values=dist/helm-values.yaml digest
   declare -A digests
-  for p in "${PROGRAMS[@]}"; do
+  for p in "${PROGRAMS[@]}" store; do
     log "push $registry/modelfleet/$p:$VERSION"
     bah push --quiet --tls-verify="$tls" --digestfile "dist/$p.digest" \
       "localhost/modelfleet/$p:$VERSION" "docker://$registry/modelfleet/$p:$VERSION"
@@ -90,6 +96,11 @@ runtime:
     repository: modelfleet/runtime
     tag: "$VERSION"
     digest: ${digests[runtime]}
+limitsStore:
+  image:
+    repository: modelfleet/store
+    tag: "$VERSION"
+    digest: ${digests[store]}
 VALUES
   cat "$values"
 }

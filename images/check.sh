@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Checks the three images `make images` built, for real (run by `make test`):
+# Checks the images `make images` built, for real (run by `make test`): the three programs' and the
+# limits store's (redis-server from Debian's packages; the same checks, its entrypoint redis-server):
 #   - config: user 65532:65532 (not root), the entrypoint is the program, the OCI labels
 #     (source, revision = this build's, version, licenses) are set;
 #   - content: no shell, no package manager; size within its target (operator and gateway 40 MB,
@@ -15,7 +16,7 @@ VERSION=$(cat dist/VERSION)
 REVISION=$(cat dist/REVISION)
 STORE=${MODELFLEET_IMAGE_STORE:-$HOME/.cache/modelfleet/containers}
 storage="containers-storage:[vfs@$STORE/storage+$STORE/run]"
-declare -A LIMIT_MB=([operator]=40 [gateway]=40 [runtime]=120)
+declare -A LIMIT_MB=([operator]=40 [gateway]=40 [runtime]=120 [store]=30)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -26,7 +27,7 @@ mkdir -p "$work/data"
 printf 'modelfleet image check\n' > "$work/data/weights.bin"
 want_digest=$(dist/modelfleet-runtime digest "$work/data/weights.bin")
 
-for p in operator gateway runtime; do
+for p in operator gateway runtime store; do
   ref="localhost/modelfleet/$p:$VERSION"
   skopeo inspect --config "$storage$ref" > "$work/$p.config.json"
   python3 - "$p" "$VERSION" "$REVISION" "$work/$p.config.json" <<'PY' || fail "$p: config"
@@ -35,10 +36,12 @@ p, version, revision, path = sys.argv[1:]
 c = json.load(open(path))["config"]
 user = c.get("User", "")
 assert user == "65532:65532", f"user is {user!r}, want 65532:65532"
-assert c.get("Entrypoint") == [f"/usr/local/bin/modelfleet-{p}"], c.get("Entrypoint")
+entry = "/usr/bin/redis-server" if p == "store" else f"/usr/local/bin/modelfleet-{p}"
+assert c.get("Entrypoint") == [entry], c.get("Entrypoint")
 labels = c.get("Labels") or {}
+license = "BSD-3-Clause" if p == "store" else "Apache-2.0"
 for k, want in [("org.opencontainers.image.source", None), ("org.opencontainers.image.revision", revision),
-                ("org.opencontainers.image.version", version), ("org.opencontainers.image.licenses", "Apache-2.0")]:
+                ("org.opencontainers.image.version", version), ("org.opencontainers.image.licenses", license)]:
     assert labels.get(k), f"label {k} missing"
     assert want is None or labels[k] == want, f"label {k} = {labels[k]!r}, want {want!r}"
 PY
@@ -73,8 +76,13 @@ json.dump(c, open(path, "w"))
 PY
     (cd "$work/$p" && runc run --bundle . "mf-check-$p-$name-$$" < /dev/null)
   }
-  out=$(run version "/usr/local/bin/modelfleet-$p" --version) || fail "$p: --version did not run"
-  [ "$out" = "modelfleet-$p $VERSION (revision $REVISION)" ] || fail "$p: --version printed '$out'"
+  if [ "$p" = store ]; then
+    out=$(run version /usr/bin/redis-server --version) || fail "store: --version did not run"
+    case "$out" in "Redis server v="*) ;; *) fail "store: --version printed '$out'" ;; esac
+  else
+    out=$(run version "/usr/local/bin/modelfleet-$p" --version) || fail "$p: --version did not run"
+    [ "$out" = "modelfleet-$p $VERSION (revision $REVISION)" ] || fail "$p: --version printed '$out'"
+  fi
   uid=$(python3 -c "import json; u=json.load(open('$work/$p/config.json'))['process']['user']; print(u['uid'], u['gid'])")
   [ "$uid" = "65532 65532" ] || fail "$p: runs as $uid"
   extra=""

@@ -1,5 +1,6 @@
 //! The release images against the local cluster's OCI registry (Debian's docker-registry on loopback),
-//! end to end: `make images push REGISTRY=$MF_REGISTRY` pushes the three images `make images` built
+//! end to end: `make images push REGISTRY=$MF_REGISTRY` pushes the images `make images` built (the three
+//! programs' and the limits store's)
 //! (they must exist: `make test` builds and checks them first) and prints chart values that pin them by
 //! digest; each is pulled back by that digest with a real client (skopeo) and is the image that was
 //! built (same config); `helm template` of the whole chart with those values renders every image by
@@ -53,7 +54,7 @@ async fn images_push_by_digest_pull_back_and_the_chart_installs_with_the_printed
         .unwrap_or_else(|_| format!("{}/.cache/modelfleet/containers", std::env::var("HOME").unwrap()));
     let local = format!("containers-storage:[vfs@{store}/storage+{store}/run]");
     let pulled = tempfile::tempdir().unwrap();
-    for p in ["operator", "gateway", "runtime"] {
+    for p in ["operator", "gateway", "runtime", "store"] {
         let digest = values_digest(&printed, p);
         assert!(
             digest.starts_with("sha256:") && digest.len() == 71,
@@ -104,7 +105,7 @@ async fn images_push_by_digest_pull_back_and_the_chart_installs_with_the_printed
                 .filter_map(|l| l.trim().strip_prefix("- --runtime-image=")),
         )
         .collect();
-    assert!(images.len() >= 3, "{images:?}");
+    assert!(images.len() >= 4, "{images:?}");
     for image in &images {
         let image = image.trim_matches('"');
         assert!(

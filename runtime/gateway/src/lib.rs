@@ -39,3 +39,4 @@ pub mod secrets;
 pub mod serve;
 pub mod state;
 pub mod suspect;
+pub mod usage;

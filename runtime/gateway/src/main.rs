@@ -17,6 +17,8 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI API for the ModelDeployments in scope.
     Run(RunArgs),
+    /// Print the limits store's hourly usage records as CSV (for billing).
+    Usage(modelfleet_gateway::usage::UsageArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,7 +31,7 @@ fn main() -> ExitCode {
         // The default reports a failed write with `eprintln!`, which panics when stderr is closed.
         .log_internal_errors(false)
         .try_init();
-    let Command::Run(args) = Cli::parse().command;
+    let command = Cli::parse().command;
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -37,7 +39,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(modelfleet_gateway::serve::run(args)) {
+    let result = match command {
+        Command::Run(args) => runtime.block_on(modelfleet_gateway::serve::run(args)),
+        Command::Usage(args) => runtime.block_on(modelfleet_gateway::usage::run(args)),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "modelfleet-gateway failed");
