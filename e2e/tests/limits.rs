@@ -21,8 +21,8 @@ const QUIET: [&str; 3] = ["quiet-1", "quiet-2", "quiet-3"];
 /// Noisy tenants' limits, and what each sends (requests per second, open loop).
 const NOISY_RPM: u64 = 30;
 const NOISY_TPM: u64 = 900;
-const NOISY_RATE: f64 = 4.0;
-const QUIET_RATE: f64 = 2.0;
+const NOISY_RATE: f64 = 3.0;
+const QUIET_RATE: f64 = 5.0;
 /// The spender's daily budget, EUR, and the deployment's prices per million tokens.
 const BUDGET: &str = "0.005";
 const PRICES: (u64, u64, u64) = (10, 5, 100);
@@ -35,10 +35,10 @@ fn key(tenant: &str) -> String {
     format!("sk-{tenant}-limits-e2e")
 }
 
-fn manifests(ns: &str, dir: &std::path::Path, digest: &str, model: &str) -> String {
+fn manifests(ns: &str, dir: &std::path::Path, digest: &str, model: &str, rpm: u64) -> String {
     let entry = |id: &str, extra: &str| format!("    - id: {id}\n      apiKeys: [\"{}\"]\n{extra}", key(id));
     let mut tenants: String = QUIET.iter().map(|t| entry(t, "")).collect();
-    tenants += &entry("noisy-r", &format!("      requestsPerMinute: {NOISY_RPM}\n"));
+    tenants += &entry("noisy-r", &format!("      requestsPerMinute: {rpm}\n"));
     tenants += &entry("noisy-t", &format!("      tokensPerMinute: {NOISY_TPM}\n"));
     tenants += &entry("spender", &format!("      budget: {{daily: \"{BUDGET}\"}}\n"));
     let (i, c, o) = PRICES;
@@ -224,7 +224,7 @@ async fn tenant_limits_hold_over_three_gateway_replicas_and_the_store() {
     let model = format!("lim-{}", ns.name);
     kubectl_ok(
         &["apply", "-n", &ns.name, "-f", "-"],
-        Some(&manifests(&ns.name, &dir, &digest, &model)),
+        Some(&manifests(&ns.name, &dir, &digest, &model, NOISY_RPM)),
     );
     let _restore = Restore;
     helm_set(&["gateway.replicas=3"]);
@@ -273,6 +273,37 @@ async fn tenant_limits_hold_over_three_gateway_replicas_and_the_store() {
     skewed_load(&model).await;
     budget_stops_and_survives_restarts(&model).await;
     store_gone(&model).await;
+
+    // A changed limit takes effect without a restart.
+    let raised = manifests(&ns.name, &dir, &digest, &model, 2 * NOISY_RPM);
+    kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&raised));
+    let t0 = Instant::now();
+    wait_until(
+        "the new requestsPerMinute in force",
+        Duration::from_secs(30),
+        || async {
+            let r = http
+            .post(format!("{}/v1/chat/completions", gateway_url()))
+            .bearer_auth(key("noisy-r"))
+            .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}))
+            .send()
+            .await
+            .ok()?;
+            let limit = r
+                .headers()
+                .get("x-ratelimit-limit-requests")?
+                .to_str()
+                .ok()?
+                .to_string();
+            (limit == (2 * NOISY_RPM).to_string()).then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "[limits] requestsPerMinute {} in force {:?} after the Secret changed",
+        2 * NOISY_RPM,
+        t0.elapsed()
+    );
 }
 
 /// Quiet tenants alone, then with the noisy ones: the noisy are held at their limits, the quiet keep
@@ -351,6 +382,15 @@ async fn skewed_load(model: &str) {
         "noisy-t admitted {tokens_t} tokens/min"
     );
     assert!(change.abs() < 0.1, "quiet p50 {b50:?} → {d50:?}");
+    // Every replica refused some of noisy-r's requests: the limit held for their sum.
+    let per_replica = wait_until("each gateway replica's refusals in Prometheus", Duration::from_secs(30), || async {
+        let q = "sum by (instance) (modelfleet_gateway_limited_total{tenant=\"noisy-r\",reason=\"requests\"})";
+        let r = prometheus_query(q).await;
+        let counts: Vec<f64> = r.iter().filter_map(|s| s["value"][1].as_str()?.parse().ok()).collect();
+        (counts.len() == 3 && counts.iter().all(|c| *c > 0.0)).then_some(counts)
+    })
+    .await;
+    eprintln!("[limits] noisy-r's refusals per gateway replica: {per_replica:?}");
 }
 
 /// The spender's budget: refused within one request of it, and still after all gateways restart.
