@@ -75,46 +75,18 @@ impl Lease {
         }
         let u = self.usage();
         let cost = self.prices.cost(&u);
-        let w = &self.who;
-        let m = &self.limiter.metrics;
-        let labels = |kind: &str| {
-            [
-                w.namespace.clone(),
-                w.deployment.clone(),
-                w.tenant.clone(),
-                w.model.clone(),
-                kind.to_string(),
-            ]
-        };
-        for (kind, v) in [
-            ("prompt", u.prompt),
-            ("cached", u.cached),
-            ("completion", u.completion),
-        ] {
-            if v > 0 {
-                let l = labels(kind);
-                m.tokens
-                    .with_label_values(&[&l[0], &l[1], &l[2], &l[3], &l[4]])
-                    .inc_by(v);
-            }
-        }
-        if cost > 0 {
-            let l = labels(&self.prices.currency);
-            m.cost
-                .with_label_values(&[&l[0], &l[1], &l[2], &l[3], &l[4]])
-                .inc_by(cost as f64 / MICROS as f64);
-        }
+        self.count(&u, cost);
         let tokens = (u.prompt + u.completion) as i64 - (self.estimate + self.charged_stream) as i64;
         let tpm = self.tpm;
         let (limiter, keys, lease) = (self.limiter.clone(), self.keys.clone(), self.lease.take());
-        let row = format!("{}/{}", w.scope(), w.model);
-        let usage = UsageRow {
-            requests: self.served as u64,
+        let row = format!("{}/{}", self.who.scope(), self.who.model);
+        let usage = self.served.then_some(UsageRow {
+            requests: 1,
             prompt_tokens: u.prompt,
             cached_tokens: u.cached,
             completion_tokens: u.completion,
             cost_micros: cost,
-        };
+        });
         let (day_ttl, month_ttl) = (2 * 86_400_000, 62 * 86_400_000);
         tokio::spawn(async move {
             let s = &limiter.store;
@@ -128,10 +100,33 @@ impl Lease {
             {
                 limiter.store_failed("charge", &why);
             }
-            if let Err(why) = s.record(&hour_now(), &row, &usage).await {
+            if let Some(usage) = usage
+                && let Err(why) = s.record(&hour_now(), &row, &usage).await
+            {
                 limiter.store_failed("record", &why);
             }
         });
+    }
+
+    /// The usage counters of this replica.
+    fn count(&self, u: &Usage, cost: u64) {
+        let w = &self.who;
+        let m = &self.limiter.metrics;
+        let labels = |last| [&*w.namespace, &*w.deployment, &*w.tenant, &*w.model, last];
+        for (kind, v) in [
+            ("prompt", u.prompt),
+            ("cached", u.cached),
+            ("completion", u.completion),
+        ] {
+            if v > 0 {
+                m.tokens.with_label_values(&labels(kind)).inc_by(v);
+            }
+        }
+        if cost > 0 {
+            m.cost
+                .with_label_values(&labels(&self.prices.currency))
+                .inc_by(cost as f64 / MICROS as f64);
+        }
     }
 }
 

@@ -150,6 +150,7 @@ impl LimitMetrics {
         }
     }
 }
+
 /// Who is limited: the deployment's labels, the tenant, and the model name used (base or adapter).
 #[derive(Clone, Debug)]
 pub struct Who {
@@ -178,6 +179,7 @@ pub struct Limiter {
 
 /// Lease ids taken in this process.
 static LEASES: AtomicU64 = AtomicU64::new(0);
+
 /// UTC day and month of now, with the milliseconds left in each.
 fn calendar() -> (String, String, u64, u64) {
     let now = jiff::Timestamp::now();
@@ -209,6 +211,7 @@ pub fn hour_now() -> String {
         .strftime("%Y-%m-%dT%H")
         .to_string()
 }
+
 impl Limiter {
     /// A limiter over `store`.
     pub fn new(store: Store, failure: FailureMode, metrics: &Metrics) -> Arc<Limiter> {
@@ -275,6 +278,11 @@ impl Limiter {
             settled: false,
         };
         let limited = l.any() || tenant.max_concurrent_requests.is_some();
+        // A refused request has nothing to settle.
+        let refuse = |mut lease: Lease, r: Refused| {
+            lease.settled = true;
+            r
+        };
         if !limited {
             return Ok(lease_out);
         }
@@ -286,7 +294,7 @@ impl Limiter {
                     FailureMode::Open => Ok(lease_out),
                     FailureMode::Closed => {
                         self.limited(&who, "store_unavailable");
-                        Err(Refused::from(ApiError {
+                        let e = Refused::from(ApiError {
                             code: Some("limits_unavailable".into()),
                             ..ApiError::new(
                                 ApiErrorKind::Unavailable,
@@ -294,7 +302,8 @@ impl Limiter {
                                  unreachable) and this gateway is configured to refuse rather than \
                                  serve unchecked (--limits-failure-mode closed)",
                             )
-                        }))
+                        });
+                        Err(refuse(lease_out, e))
                     }
                 };
             }
@@ -305,10 +314,11 @@ impl Limiter {
         };
         if let Some(reason) = &out.refusal {
             self.limited(&who, reason);
-            return Err(Refused {
+            let e = Refused {
                 error: refused(&who, tenant, reason, out.wait_ms, &lease_out.prices.currency),
                 headers: lease_out.headers.clone(),
-            });
+            };
+            return Err(refuse(lease_out, e));
         }
         lease_out.estimate = if args.tpm > 0 { estimate } else { 0 };
         if let Some(id) = lease {
@@ -340,5 +350,6 @@ impl Limiter {
         })
     }
 }
+
 #[cfg(test)]
 mod tests;
