@@ -271,6 +271,7 @@ async fn tenant_limits_hold_over_three_gateway_replicas_and_the_store() {
     eprintln!("[limits] the openai client read the x-ratelimit-* headers: noisy-r {seen}, noisy-t {tokens}");
 
     skewed_load(&model).await;
+    quiet_latency_unchanged(&model).await;
     budget_stops_and_survives_restarts(&model).await;
     store_gone(&model).await;
 
@@ -306,31 +307,32 @@ async fn tenant_limits_hold_over_three_gateway_replicas_and_the_store() {
     );
 }
 
-/// Quiet tenants alone, then with the noisy ones: the noisy are held at their limits, the quiet keep
-/// their latency.
+/// The quiet tenants' open loops over `span` from `began`.
+fn quiet(model: &str, span: Duration, began: Instant) -> [tokio::task::JoinHandle<Vec<Seen>>; 3] {
+    QUIET.map(|t| tokio::spawn(open_loop(t, model.to_string(), QUIET_RATE, span, began)))
+}
+
+/// The noisy tenants' open loops (far over their limits) over `span` from `began`.
+fn noisy(model: &str, span: Duration, began: Instant) -> [tokio::task::JoinHandle<Vec<Seen>>; 2] {
+    ["noisy-r", "noisy-t"].map(|t| tokio::spawn(open_loop(t, model.to_string(), NOISY_RATE, span, began)))
+}
+
+async fn joined<const N: usize>(tasks: [tokio::task::JoinHandle<Vec<Seen>>; N]) -> Vec<Vec<Seen>> {
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Both noisy tenants with the quiet ones for 95 s: the noisy are admitted at their limits, summed over
+/// the replicas (each of which refuses some), and the quiet get no 429.
 async fn skewed_load(model: &str) {
-    let quiet = |span: Duration, began: Instant| {
-        QUIET.map(|t| tokio::spawn(open_loop(t, model.to_string(), QUIET_RATE, span, began)))
-    };
-    // A warm-up (connections, caches, the pods' first batches), then the quiet tenants alone.
-    for t in quiet(Duration::from_secs(10), Instant::now()) {
-        t.await.unwrap();
-    }
-    let began = Instant::now();
-    let mut baseline = Vec::new();
-    for t in quiet(Duration::from_secs(60), began) {
-        baseline.extend(t.await.unwrap());
-    }
     let began = Instant::now();
     let span = Duration::from_secs(95);
-    let loud = ["noisy-r", "noisy-t"]
-        .map(|t| tokio::spawn(open_loop(t, model.to_string(), NOISY_RATE, span, began)));
-    let mut during = Vec::new();
-    for t in quiet(span, began) {
-        during.extend(t.await.unwrap());
-    }
-    let [r, t] = loud;
-    let (r, t) = (r.await.unwrap(), t.await.unwrap());
+    let loud = noisy(model, span, began);
+    let quiet_seen: Vec<Seen> = joined(quiet(model, span, began)).await.concat();
+    let [r, t]: [Vec<Seen>; 2] = joined(loud).await.try_into().unwrap();
     // Judged from 20 s on (each bucket starts full: a minute's worth at once) over one minute.
     let window = |s: &Seen| s.at >= Duration::from_secs(20) && s.at < Duration::from_secs(80);
     let admitted_r = r.iter().filter(|s| window(s) && s.status == 200).count() as f64;
@@ -345,24 +347,14 @@ async fn skewed_load(model: &str) {
         .chain(&t)
         .filter(|s| ![200, 429].contains(&s.status))
         .collect();
-    let quiet_bad: Vec<&Seen> = baseline
-        .iter()
-        .chain(&during)
-        .filter(|s| s.status != 200)
-        .collect();
-    let (b50, d50) = (
-        p50(baseline.iter().map(|s| s.latency).collect()),
-        p50(during.iter().filter(|s| window(s)).map(|s| s.latency).collect()),
-    );
-    let change = d50.as_secs_f64() / b50.as_secs_f64() - 1.0;
+    let quiet_bad: Vec<&Seen> = quiet_seen.iter().filter(|s| s.status != 200).collect();
     eprintln!(
         "[limits] noisy-r admitted {admitted_r} requests in a minute (limit {NOISY_RPM}), {} refused in all; \
-         noisy-t admitted {tokens_t} tokens in a minute (limit {NOISY_TPM}), {} refused; quiet p50 {b50:?} alone, \
-         {d50:?} with the noisy ({:+.1} %; {:.0} tokens per quiet request), {} quiet requests not 200",
+         noisy-t admitted {tokens_t} tokens in a minute (limit {NOISY_TPM}), {} refused; {} quiet requests, \
+         {} not 200",
         refused(&r),
         refused(&t),
-        change * 100.0,
-        during.iter().map(|s| s.tokens).sum::<u64>() as f64 / during.len().max(1) as f64,
+        quiet_seen.len(),
         quiet_bad.len()
     );
     assert!(
@@ -381,7 +373,6 @@ async fn skewed_load(model: &str) {
         (tokens_t as f64 / NOISY_TPM as f64 - 1.0).abs() <= 0.1,
         "noisy-t admitted {tokens_t} tokens/min"
     );
-    assert!(change.abs() < 0.1, "quiet p50 {b50:?} → {d50:?}");
     // Every replica refused some of noisy-r's requests: the limit held for their sum.
     let per_replica = wait_until("each gateway replica's refusals in Prometheus", Duration::from_secs(30), || async {
         let q = "sum by (instance) (modelfleet_gateway_limited_total{tenant=\"noisy-r\",reason=\"requests\"})";
@@ -391,6 +382,37 @@ async fn skewed_load(model: &str) {
     })
     .await;
     eprintln!("[limits] noisy-r's refusals per gateway replica: {per_replica:?}");
+}
+
+/// The quiet tenants' median latency with the noisy ones at their limits against without them: 12 s
+/// blocks alternating (ABBA…, so drift on a shared machine falls on both sides), 6 of each.
+async fn quiet_latency_unchanged(model: &str) {
+    let block = Duration::from_secs(12);
+    let (mut alone, mut with) = (Vec::new(), Vec::new());
+    for i in 0..12 {
+        let loud = [1, 2, 5, 6, 9, 10].contains(&i);
+        let began = Instant::now();
+        let noise = loud.then(|| noisy(model, block, began));
+        let seen = joined(quiet(model, block, began)).await.concat();
+        if let Some(n) = noise {
+            joined(n).await;
+        }
+        let latencies = seen.iter().filter(|s| s.status == 200).map(|s| s.latency);
+        if loud {
+            with.extend(latencies)
+        } else {
+            alone.extend(latencies)
+        }
+    }
+    let (a, w) = (alone.len(), with.len());
+    let (a50, w50) = (p50(alone), p50(with));
+    let change = w50.as_secs_f64() / a50.as_secs_f64() - 1.0;
+    eprintln!(
+        "[limits] quiet p50 {a50:?} alone ({a} requests), {w50:?} with the noisy at their limits ({w} requests): \
+         {:+.1} %",
+        change * 100.0
+    );
+    assert!(change.abs() < 0.1, "quiet p50 {a50:?} → {w50:?}");
 }
 
 /// The spender's budget: refused within one request of it, and still after all gateways restart.
