@@ -244,7 +244,20 @@ async fn tenant_limits_hold_over_three_gateway_replicas_and_the_store() {
     })
     .await;
 
-    let seen = openai("headers", "noisy-r", &model);
+    headers_read_by_the_openai_client(&model);
+
+    skewed_load(&model).await;
+    quiet_latency_unchanged(&model).await;
+    budget_stops_and_survives_restarts(&model).await;
+    store_gone(&model).await;
+
+    let raised = manifests(&ns.name, &dir, &digest, &model, 2 * NOISY_RPM);
+    a_raised_limit_takes_effect(&ns.name, &raised, &model).await;
+}
+
+/// The real `openai` client reads the rate-limit headers of each noisy tenant's answer.
+fn headers_read_by_the_openai_client(model: &str) {
+    let seen = openai("headers", "noisy-r", model);
     let h = &seen["headers"];
     assert_eq!(h["x-ratelimit-limit-requests"], NOISY_RPM.to_string(), "{seen}");
     assert_eq!(
@@ -262,22 +275,19 @@ async fn tenant_limits_hold_over_three_gateway_replicas_and_the_store() {
         h["x-ratelimit-limit-tokens"].is_null(),
         "noisy-r has no token limit: {seen}"
     );
-    let tokens = openai("headers", "noisy-t", &model);
+    let tokens = openai("headers", "noisy-t", model);
     assert_eq!(
         tokens["headers"]["x-ratelimit-limit-tokens"],
         NOISY_TPM.to_string(),
         "{tokens}"
     );
     eprintln!("[limits] the openai client read the x-ratelimit-* headers: noisy-r {seen}, noisy-t {tokens}");
+}
 
-    skewed_load(&model).await;
-    quiet_latency_unchanged(&model).await;
-    budget_stops_and_survives_restarts(&model).await;
-    store_gone(&model).await;
-
-    // A changed limit takes effect without a restart.
-    let raised = manifests(&ns.name, &dir, &digest, &model, 2 * NOISY_RPM);
-    kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&raised));
+/// A changed limit takes effect without a restart: the Secret re-applied as `raised`.
+async fn a_raised_limit_takes_effect(ns: &str, raised: &str, model: &str) {
+    kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(raised));
+    let http = spread_client();
     let t0 = Instant::now();
     wait_until(
         "the new requestsPerMinute in force",

@@ -30,6 +30,25 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// A lease of `who` under `keys`, nothing taken yet.
+    pub(super) fn new(limiter: Arc<Limiter>, keys: Keys, who: Who, tpm: u64, prices: Prices) -> Lease {
+        Lease {
+            limiter,
+            keys,
+            who,
+            tpm,
+            prices,
+            estimate: 0,
+            lease: None,
+            renewer: None,
+            headers: RateHeaders::default(),
+            meter: meter::Meter::default(),
+            charged_stream: 0,
+            served: false,
+            settled: false,
+        }
+    }
+
     /// A pod's successful answer starts, with its headers (a JSON answer's usage is in them).
     pub fn serving(&mut self, headers: &axum::http::HeaderMap) {
         self.served = true;

@@ -262,21 +262,7 @@ impl Limiter {
             month_left_ms: month_left,
             estimate,
         };
-        let mut lease_out = Lease {
-            limiter: self.clone(),
-            keys,
-            who: who.clone(),
-            tpm: args.tpm,
-            prices,
-            estimate: 0,
-            lease: None,
-            renewer: None,
-            headers: RateHeaders::default(),
-            meter: meter::Meter::default(),
-            charged_stream: 0,
-            served: false,
-            settled: false,
-        };
+        let mut lease_out = Lease::new(self.clone(), keys, who.clone(), args.tpm, prices);
         let limited = l.any() || tenant.max_concurrent_requests.is_some();
         // A refused request has nothing to settle.
         let refuse = |mut lease: Lease, r: Refused| {
