@@ -557,22 +557,21 @@ async fn store_gone(model: &str) {
         );
         out.lines().count()
     };
-    scale("0");
-    wait_until("the store gone", Duration::from_secs(60), || async {
-        (store_pods().await == 0).then_some(())
-    })
-    .await;
+    let store_down = || async {
+        scale("0");
+        wait_until("the store gone", Duration::from_secs(60), || async {
+            (store_pods().await == 0).then_some(())
+        })
+        .await;
+    };
+    store_down().await;
     for _ in 0..5 {
         let s = one(&http, "noisy-t", model, Instant::now()).await;
         assert_eq!(s.status, 200, "fail-open serves: {s:?}");
         assert!(s.latency < Duration::from_secs(5), "{s:?}");
     }
     helm_set(&["limitsStore.failureMode=closed"]);
-    scale("0");
-    wait_until("the store gone", Duration::from_secs(60), || async {
-        (store_pods().await == 0).then_some(())
-    })
-    .await;
+    store_down().await;
     for _ in 0..5 {
         let s = one(&http, "noisy-t", model, Instant::now()).await;
         assert_eq!(

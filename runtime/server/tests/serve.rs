@@ -316,6 +316,14 @@ async fn deadlines_admin_auth_and_openapi() {
     assert!(doc["paths"]["/v1/chat/completions"]["post"]["responses"]["429"].is_object());
 }
 
+/// An OpenAI `usage` object in the runtime's report format.
+fn report_of(u: &serde_json::Value) -> String {
+    format!(
+        "prompt={} cached={} completion={}",
+        u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], u["completion_tokens"]
+    )
+}
+
 /// The usage report the gateway charges tenants from: a JSON answer's `x-modelfleet-usage` header, and —
 /// when the request asks with that header — a stream's closing `: modelfleet-usage` comment, both equal
 /// to the OpenAI `usage` of the same answer.
@@ -328,35 +336,14 @@ async fn usage_is_reported_to_the_gateway_as_openai_counts_it() {
     let r = c.post(&url).json(&chat_body(8)).send().await.unwrap();
     let header = r.headers()["x-modelfleet-usage"].to_str().unwrap().to_string();
     let v: serde_json::Value = r.json().await.unwrap();
-    let u = &v["usage"];
-    let expected = format!(
-        "prompt={} cached={} completion={}",
-        u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], u["completion_tokens"]
-    );
-    assert_eq!(header, expected);
+    assert_eq!(header, report_of(&v["usage"]));
     let mut body = chat_body(8);
     body["stream"] = true.into();
     body["stream_options"] = serde_json::json!({"include_usage": true});
-    let plain = c
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = |r: reqwest::RequestBuilder| async move { r.send().await.unwrap().text().await.unwrap() };
+    let plain = text(c.post(&url).json(&body)).await;
     assert!(!plain.contains("modelfleet-usage"), "only when asked: {plain}");
-    let asked = c
-        .post(&url)
-        .header("x-modelfleet-usage", "1")
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let asked = text(c.post(&url).header("x-modelfleet-usage", "1").json(&body)).await;
     let comment = asked
         .lines()
         .find_map(|l| l.strip_prefix(": modelfleet-usage "))
@@ -367,13 +354,6 @@ async fn usage_is_reported_to_the_gateway_as_openai_counts_it() {
         .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
         .find(|c| !c["usage"].is_null())
         .unwrap();
-    let u = &chunk["usage"];
-    assert_eq!(
-        comment,
-        format!(
-            "prompt={} cached={} completion={}",
-            u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], u["completion_tokens"]
-        )
-    );
+    assert_eq!(comment, report_of(&chunk["usage"]));
     assert!(asked.trim_end().ends_with("data: [DONE]"), "{asked}");
 }
