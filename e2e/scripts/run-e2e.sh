@@ -5,12 +5,19 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 keep=${MF_E2E_KEEP_CLUSTER:-0}
+results=$(mktemp)
 cleanup() {
   local rc=$?
   if [ $rc -ne 0 ]; then
     echo "[e2e] failed; component logs follow" >&2
     e2e/cluster logs >&2 || true
+    # The failing scenarios' own output and panic messages last, where a truncated log still shows them.
+    if grep -q '^failures:' "$results"; then
+      echo "[e2e] the failing scenarios' output again:" >&2
+      sed -n '/^failures:/,$p' "$results" >&2
+    fi
   fi
+  rm -f "$results"
   [ "$keep" = 1 ] || e2e/cluster down || true
   exit $rc
 }
@@ -27,4 +34,4 @@ bash e2e/scripts/push-images.sh
 targets=()
 for f in e2e/tests/*.rs; do targets+=(--test "$(basename "$f" .rs)"); done
 cargo test --workspace "${targets[@]}" --no-run
-e2e/cluster exec -- cargo test --workspace "${targets[@]}" -- --ignored --test-threads=4
+e2e/cluster exec -- cargo test --workspace "${targets[@]}" -- --ignored --test-threads=4 2>&1 | tee "$results"
