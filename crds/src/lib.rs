@@ -24,6 +24,7 @@ pub mod common;
 pub mod lora_adapter;
 pub mod model_deployment;
 pub mod pods;
+pub mod rollout;
 
 pub use common::{DIGEST_PATTERN, condition_types};
 pub use lora_adapter::{LoraAdapter, LoraAdapterSpec, LoraAdapterStatus};

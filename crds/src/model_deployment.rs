@@ -7,6 +7,7 @@
 
 pub use crate::autoscaling::{Objectives, ObjectivesStatus, ScheduleWindow};
 use crate::common::{DIGEST_PATTERN, SERVED_NAME_PATTERN, SecretKeyRef, URI_PATTERN};
+pub use crate::rollout::{RolloutSpec, RolloutStatus};
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -36,6 +37,10 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "KV %", type_ = "integer", json_path = ".status.observedMetrics.kvCacheUtilizationPercent"),
     printcolumn(name = "TTFT p95", type_ = "string", json_path = ".status.objectives.ttftP95"),
     printcolumn(name = "ITL p95", type_ = "string", json_path = ".status.objectives.itlP95"),
+    printcolumn(name = "Stable", type_ = "string", json_path = ".status.rollout.stableRevision", priority = 1),
+    printcolumn(name = "Canary", type_ = "string", json_path = ".status.rollout.canaryRevision"),
+    printcolumn(name = "Weight", type_ = "integer", json_path = ".status.rollout.weight"),
+    printcolumn(name = "Step", type_ = "integer", json_path = ".status.rollout.step"),
     printcolumn(name = "Cost/Mtok", type_ = "string", json_path = ".status.capacity.costPerMillionOutputTokens.observed"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new(
@@ -69,6 +74,10 @@ pub struct ModelDeploymentSpec {
     /// output tokens in `status.capacity`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostSpec>,
+    /// How a new revision (a changed model, digest or runtime setting) reaches traffic: the default
+    /// rolling update, or canary steps judged on live metrics with automatic rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
 }
 
 /// The price of serving: per replica-hour for `status.capacity`, per million tokens for what tenants
@@ -477,6 +486,9 @@ pub struct ModelDeploymentStatus {
     /// every 30 s over `spec.cost.windowSeconds`, rewritten only when a rounded figure changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityStatus>,
+    /// The revisions serving and the canary rollout's state and figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
 }
 
 /// Throughput and cost as measured from the replicas' output-token counters over a window.

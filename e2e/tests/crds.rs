@@ -267,3 +267,79 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
         assert!(header.contains(column), "missing column {column} in {header}");
     }
 }
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make e2e"]
+async fn the_api_server_enforces_the_rollout_rules() {
+    install_crds();
+    let ns = TestNamespace::new("crdrollout");
+    let ns = ns.name.as_str();
+    let rollout = |body: &str| format!("  rollout:\n    {body}\n");
+    let valid = rollout(
+        "strategy: Canary\n    steps: [{weight: 10, pause: 1m}, {weight: 50, gate: Manual}, {weight: 100, pause: 2m}]\n    \
+         mirror: {percent: 20, pause: 1m}\n    analysis: {windowSeconds: 30, maxTtftP95Ratio: \"1.25\"}",
+    );
+    kubectl_ok(
+        &["apply", "-n", ns, "-f", "-"],
+        Some(&model_deployment("canary", &valid, DIGEST)),
+    );
+    // The analysis defaults are the API server's, so `kubectl get -o yaml` shows them.
+    let min = kubectl_ok(
+        &[
+            "get",
+            "md",
+            "canary",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.rollout.analysis.minRequests}",
+        ],
+        None,
+    );
+    assert_eq!(min, "50");
+    for (case, body, expected) in [
+        (
+            "equal weights",
+            "strategy: Canary\n    steps: [{weight: 50, pause: 1m}, {weight: 50, pause: 1m}]",
+            "weights must increase",
+        ),
+        (
+            "decreasing weights",
+            "strategy: Canary\n    steps: [{weight: 50, pause: 1m}, {weight: 10, pause: 1m}]",
+            "weights must increase",
+        ),
+        (
+            "a step without pause or gate",
+            "strategy: Canary\n    steps: [{weight: 50}]",
+            "exactly one of pause",
+        ),
+        (
+            "a step with both",
+            "strategy: Canary\n    steps: [{weight: 50, pause: 1m, gate: Manual}]",
+            "exactly one of pause",
+        ),
+        ("Canary without steps", "strategy: Canary", "at least one step"),
+        (
+            "steps without Canary",
+            "steps: [{weight: 10, pause: 1m}]",
+            "go with strategy Canary only",
+        ),
+        (
+            "a weight over 100",
+            "strategy: Canary\n    steps: [{weight: 101, pause: 1m}]",
+            "less than or equal to 100",
+        ),
+        (
+            "a ratio that is not a decimal",
+            "strategy: Canary\n    steps: [{weight: 10, pause: 1m}]\n    analysis: {maxItlP95Ratio: \"1.5x\"}",
+            "maxItlP95Ratio",
+        ),
+    ] {
+        check_rejected(
+            ns,
+            case,
+            &model_deployment("bad", &rollout(body), DIGEST),
+            expected,
+        );
+    }
+}

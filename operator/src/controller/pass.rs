@@ -171,6 +171,7 @@ pub fn desired_status(
         autoscaler: scaled.autoscaler.clone(),
         objectives: scaled.objectives.clone(),
         capacity: acted.capacity.clone(),
+        rollout: previous.rollout.clone(),
     }
 }
 
