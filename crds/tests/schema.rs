@@ -48,6 +48,10 @@ fn model_deployment_names_and_subresources() {
             "KV %",
             "TTFT p95",
             "ITL p95",
+            "Stable",
+            "Canary",
+            "Weight",
+            "Step",
             "Cost/Mtok",
             "Age"
         ]
