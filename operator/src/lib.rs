@@ -32,6 +32,7 @@ pub mod leader;
 pub mod lora;
 pub mod pod_metrics;
 pub mod restarts;
+pub mod rollout;
 pub mod scope;
 pub mod status;
 pub mod telemetry;

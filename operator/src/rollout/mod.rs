@@ -1,0 +1,13 @@
+//! Progressive delivery (`spec.rollout`): the revision a ModelDeployment's pods run, the canary walk
+//! through weighted steps, and the analysis that judges each step (docs/rollouts.md).
+//!
+//! - `revision.rs`: a revision is the hash of the runtime pods' template — what changes pods.
+//! - `analysis.rs` (pure): one window of the canary's traffic against stable's → wait, pass or fail.
+//! - `walk.rs` (pure): the previous `status.rollout` and what is observed → the next one and its Event.
+
+pub mod analysis;
+pub mod revision;
+pub mod walk;
+
+#[cfg(test)]
+mod tests;
