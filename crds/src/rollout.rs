@@ -18,9 +18,14 @@ use serde::{Deserialize, Serialize};
 /// A non-negative decimal with at most 4 decimals.
 pub const DECIMAL_PATTERN: &str = r"^[0-9]{1,6}(\.[0-9]{1,4})?$";
 
-/// Annotation that promotes the canary past a manual gate (value: the canary revision, or `true`).
+/// The runtime pod label carrying its revision (what the gateway splits traffic by). A runtime pod
+/// without it belongs to the stable revision.
+pub const REVISION_LABEL: &str = "modelfleet.io/revision";
+
+/// Annotation that approves the canary past its manual gates (value: the canary revision; a value
+/// naming another revision does nothing, so one left behind never approves a later rollout).
 pub const PROMOTE_ANNOTATION: &str = "modelfleet.io/promote";
-/// Annotation that aborts the rollout in progress (value: the canary revision, or `true`).
+/// Annotation that aborts the rollout in progress (value: the canary revision).
 pub const ABORT_ANNOTATION: &str = "modelfleet.io/abort";
 
 /// How a change of revision reaches traffic.

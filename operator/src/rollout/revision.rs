@@ -5,8 +5,7 @@
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use sha2::{Digest, Sha256};
 
-/// The pod label carrying a runtime pod's revision (what the gateway splits traffic by).
-pub const REVISION_LABEL: &str = "modelfleet.io/revision";
+pub use modelfleet_crds::rollout::REVISION_LABEL;
 
 /// The revision of a pod template.
 pub fn of(template: &PodTemplateSpec) -> String {
