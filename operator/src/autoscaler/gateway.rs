@@ -46,7 +46,7 @@ pub fn parse_demand(page: &str, ns: &str, md: &str) -> Result<Demand, String> {
     Ok(d)
 }
 
-async fn page(client: &reqwest::Client, url: &str) -> Result<String, String> {
+pub async fn page(client: &reqwest::Client, url: &str) -> Result<String, String> {
     let mut resp = client
         .get(url)
         .timeout(Duration::from_secs(2))

@@ -36,7 +36,7 @@ impl Buckets {
     }
 
     /// `self − earlier` per bound (a restarted pod: `self`).
-    fn since(&self, earlier: &Buckets) -> Buckets {
+    pub(crate) fn since(&self, earlier: &Buckets) -> Buckets {
         let restarted = self
             .0
             .iter()
@@ -55,7 +55,7 @@ impl Buckets {
         )
     }
 
-    fn merge(&mut self, other: &Buckets) {
+    pub(crate) fn merge(&mut self, other: &Buckets) {
         for (le, c) in &other.0 {
             self.add(*le, *c);
         }

@@ -6,6 +6,8 @@
 //! - `walk.rs` (pure): the previous `status.rollout` and what is observed → the next one and its Event.
 
 pub mod analysis;
+pub mod measure;
+pub mod plan;
 pub mod revision;
 pub mod walk;
 

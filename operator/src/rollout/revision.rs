@@ -10,8 +10,16 @@ pub use modelfleet_crds::rollout::REVISION_LABEL;
 /// The revision of a pod template.
 pub fn of(template: &PodTemplateSpec) -> String {
     let mut t = template.clone();
-    if let Some(labels) = t.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
-        labels.remove(REVISION_LABEL);
+    if let Some(meta) = t.metadata.as_mut() {
+        if let Some(labels) = meta.labels.as_mut() {
+            labels.remove(REVISION_LABEL);
+            if labels.is_empty() {
+                meta.labels = None;
+            }
+        }
+        if *meta == Default::default() {
+            t.metadata = None;
+        }
     }
     // serde_json's Value keeps object keys sorted, so equal templates hash equally.
     let value = serde_json::to_value(&t).expect("a pod template serialises");
