@@ -85,10 +85,13 @@ fn increase(newer: &Traffic, older: &Traffic) -> Traffic {
 /// One reading: per gateway pod, per revision.
 type Reading = BTreeMap<String, PerRevision>;
 
+/// Readings of one deployment, oldest first.
+type Readings = VecDeque<(Instant, Reading)>;
+
 /// The leader's per-deployment history of readings.
 #[derive(Clone, Default)]
 pub struct History {
-    inner: Arc<Mutex<HashMap<(String, String), VecDeque<(Instant, Reading)>>>>,
+    inner: Arc<Mutex<HashMap<(String, String), Readings>>>,
 }
 
 impl History {
