@@ -40,6 +40,9 @@ pub mod condition_types {
     pub const SERVED_NAME_CONFLICT: &str = "ServedNameConflict";
     /// LoraAdapter: the adapter's bytes matched its digest and it fits the base model.
     pub const VERIFIED: &str = "Verified";
+    /// ModelDeployment with a canary rollout: `True` while stable or progressing, `False` with reason
+    /// `RolledBack` or `Aborted` after the canary was withdrawn.
+    pub const PROGRESSING: &str = "Progressing";
 }
 
 /// A reference to a Secret key in the same namespace.

@@ -91,13 +91,18 @@ pub async fn demand(
     ns: &str,
     name: &str,
 ) -> Result<Demand, String> {
+    let ips = gateway_ips(client, g).await?;
+    read_demand(http, &ips, g.metrics_port, ns, name).await
+}
+
+/// The IPs of the Ready gateway pods.
+pub async fn gateway_ips(client: &kube::Client, g: &GatewayPods) -> Result<Vec<String>, String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &g.namespace);
     let list = pods
         .list(&ListParams::default().labels(&g.selector))
         .await
         .map_err(|e| format!("listing gateway pods in {}: {e}", g.namespace))?;
-    let ips: Vec<String> = list.items.iter().filter_map(ready_ip).collect();
-    read_demand(http, &ips, g.metrics_port, ns, name).await
+    Ok(list.items.iter().filter_map(ready_ip).collect())
 }
 
 #[cfg(test)]

@@ -18,16 +18,28 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use modelfleet_crds::ModelDeployment;
+use modelfleet_crds::rollout::RolloutStatus;
 
-/// Creates the admin Secret if missing, then applies the adapters ConfigMap listing `adapters`, the
-/// Deployment with `replicas`, the Service and the PodDisruptionBudget. Returns the admin token.
+/// What the pass decided the runtime Deployments look like.
+pub struct Shape<'a> {
+    /// The replica count (split between stable and canary during a rollout).
+    pub replicas: i32,
+    /// The start-up adapter list.
+    pub adapters: &'a [AdapterSpec],
+    /// The new `status.rollout` (a canary strategy), which shapes the Deployments (rollout/plan.rs).
+    pub rollout: Option<&'a RolloutStatus>,
+}
+
+/// Creates the admin Secret if missing, then applies the adapters ConfigMap, the Deployment (and
+/// during a rollout the canary's, or deletes it), the Service and the PodDisruptionBudget. Returns the
+/// admin token.
 pub async fn owned_objects(
     md: &ModelDeployment,
     ctx: &Context,
     existing: &Existing,
-    replicas: i32,
-    adapters: &[AdapterSpec],
+    shape: &Shape<'_>,
 ) -> Result<String, Error> {
+    let (replicas, adapters) = (shape.replicas, shape.adapters);
     let ns = md.namespace().unwrap_or_default();
     let name = md.name_any();
     let kept = existing.secret.as_ref().map(existing_token);
@@ -55,9 +67,7 @@ pub async fn owned_objects(
             &Patch::Apply(&desired_adapters_configmap(md, adapters)),
         )
         .await?;
-    Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
-        .patch(&name, &pp, &Patch::Apply(&deployment))
-        .await?;
+    deployments(md, ctx, existing, shape.rollout, deployment, replicas).await?;
     Api::<Service>::namespaced(ctx.client.clone(), &ns)
         .patch(&name, &pp, &Patch::Apply(&service))
         .await?;
@@ -65,4 +75,58 @@ pub async fn owned_objects(
         .patch(&name, &pp, &Patch::Apply(&pdb))
         .await?;
     Ok(token)
+}
+
+/// Applies the runtime Deployment — with a canary strategy, the stable and canary Deployments of the
+/// rollout's phase — and deletes a canary Deployment no longer wanted.
+async fn deployments(
+    md: &ModelDeployment,
+    ctx: &Context,
+    existing: &Existing,
+    rollout: Option<&RolloutStatus>,
+    mut desired: Deployment,
+    replicas: i32,
+) -> Result<(), Error> {
+    let (ns, name) = (md.namespace().unwrap_or_default(), md.name_any());
+    let api = Api::<Deployment>::namespaced(ctx.client.clone(), &ns);
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let Some(status) = rollout else {
+        api.patch(&name, &pp, &Patch::Apply(&desired)).await?;
+        // A rollout that was in flight when the strategy went away leaves no canary behind.
+        if md.status.as_ref().is_some_and(|s| s.rollout.is_some()) {
+            delete_canary(&api, &name).await?;
+        }
+        return Ok(());
+    };
+    crate::rollout::plan::label_revision(&mut desired);
+    let plan = crate::rollout::plan::plan(&name, &desired, existing.deployment.as_ref(), status, replicas);
+    api.patch(&name, &pp, &Patch::Apply(&plan.stable)).await?;
+    match plan.canary {
+        Some(c) => {
+            api.patch(&crate::rollout::plan::canary_name(&name), &pp, &Patch::Apply(&c))
+                .await?;
+        }
+        // Only a rollout that had a canary can have left its Deployment behind.
+        None if md
+            .status
+            .as_ref()
+            .and_then(|s| s.rollout.as_ref())
+            .is_some_and(|r| r.canary_revision.is_some()) =>
+        {
+            delete_canary(&api, &name).await?
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+async fn delete_canary(api: &Api<Deployment>, md: &str) -> Result<(), Error> {
+    match api
+        .delete(&crate::rollout::plan::canary_name(md), &Default::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }

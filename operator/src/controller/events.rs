@@ -40,7 +40,40 @@ pub fn transitions(
             format!("{t}={}: {}", new.status, new.message),
         ));
     }
+    out.extend(rollout_transition(previous, next));
     out
+}
+
+/// The Event a rollout's move deserves: a new phase, step or canary (a rollback is a warning).
+fn rollout_transition(
+    previous: &ModelDeploymentStatus,
+    next: &ModelDeploymentStatus,
+) -> Option<(bool, String, String)> {
+    use modelfleet_crds::rollout::RolloutPhase;
+    let new = next.rollout.as_ref()?;
+    let old = previous.rollout.as_ref();
+    let key = |r: &modelfleet_crds::rollout::RolloutStatus| {
+        (
+            r.phase,
+            r.step,
+            r.canary_revision.clone(),
+            r.stable_revision.clone(),
+        )
+    };
+    if old.map(key) == Some(key(new)) || old.is_none() && new.phase == RolloutPhase::Stable {
+        return None;
+    }
+    let reason = match new.phase {
+        RolloutPhase::Stable => "RolloutFinished",
+        RolloutPhase::Starting => "RolloutStarted",
+        RolloutPhase::Mirroring => "RolloutMirroring",
+        RolloutPhase::Progressing | RolloutPhase::Paused => "RolloutStep",
+        RolloutPhase::Promoting => "RolloutPromoted",
+        RolloutPhase::RolledBack => "RolledBack",
+        RolloutPhase::Aborted => "RolloutAborted",
+    };
+    let warning = matches!(new.phase, RolloutPhase::RolledBack | RolloutPhase::Aborted);
+    Some((warning, reason.into(), new.message.clone()))
 }
 
 /// Publishes the transition Events and the scaling decision.

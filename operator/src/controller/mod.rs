@@ -61,6 +61,8 @@ pub struct Context {
     pub peers: peers::Peers,
     /// Per ModelDeployment with `spec.cost`: capacity samples and figures.
     pub capacity: crate::capacity::Capacity,
+    /// Per ModelDeployment with a canary in flight: the gateway's per-revision readings.
+    pub rollouts: crate::rollout::measure::History,
 }
 
 pub use crate::autoscaler::AUTOSCALE_INTERVAL;
@@ -82,6 +84,7 @@ pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, ide
     let (peers, feeds) = peers::Peers::new(scope.partitions());
     let ctx = Arc::new(Context {
         capacity: crate::capacity::Capacity::new(http.clone(), metrics.clone()),
+        rollouts: Default::default(),
         autoscaler: crate::autoscaler::Autoscaler::new(
             http.clone(),
             client.clone(),
@@ -163,8 +166,13 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
     let seen = pass::observe(&md, &ctx).await?;
     let acted = pass::act(&md, &ctx, &seen).await?;
     let status = pass::desired_status(&md, &seen, &acted, Timestamp::now());
+    let rollout_in_flight = crate::rollout::drive::in_flight(status.rollout.as_ref());
     pass::write_status(&md, &ctx, status, acted.scaled.decision_reason.as_deref()).await?;
-    Ok(Action::requeue(pass::requeue_after(&md, &seen)))
+    let every = pass::requeue_after(&md, &seen);
+    Ok(Action::requeue(match rollout_in_flight {
+        true => every.min(crate::rollout::drive::ROLLOUT_INTERVAL),
+        false => every,
+    }))
 }
 
 /// Used by the builders' callers and tests: the desired objects for a pass.

@@ -19,6 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use modelfleet_crds::model_deployment::{AutoscalingMode, CapacityStatus, ModelDeploymentStatus};
+use modelfleet_crds::rollout::RolloutStatus;
 use modelfleet_crds::{LoraAdapter, ModelDeployment};
 use std::time::Duration;
 
@@ -50,6 +51,8 @@ pub struct Acted {
     pub deployment: Option<Deployment>,
     /// `status.capacity`.
     pub capacity: Option<CapacityStatus>,
+    /// `status.rollout` (with a canary strategy).
+    pub rollout: Option<RolloutStatus>,
 }
 
 /// Reads everything the pass decides from.
@@ -92,11 +95,18 @@ pub async fn act(md: &ModelDeployment, ctx: &Context, seen: &Seen) -> Result<Act
             scaled: scale::unchanged(md),
             deployment: None,
             capacity: md.status.as_ref().and_then(|s| s.capacity.clone()),
+            rollout: md.status.as_ref().and_then(|s| s.rollout.clone()),
         });
     }
     let existing = seen.owned.deployment.as_ref();
     let scaled = ctx.autoscaler.replicas(md, existing, &seen.pods).await;
-    let token = super::apply::owned_objects(md, ctx, &seen.owned, scaled.replicas, &seen.startup).await?;
+    let rollout = crate::rollout::drive::step(md, ctx, &seen.pods).await;
+    let shape = super::apply::Shape {
+        replicas: scaled.replicas,
+        adapters: &seen.startup,
+        rollout: rollout.as_ref(),
+    };
+    let token = super::apply::owned_objects(md, ctx, &seen.owned, &shape).await?;
     let targets = seen
         .pods
         .iter()
@@ -125,6 +135,7 @@ pub async fn act(md: &ModelDeployment, ctx: &Context, seen: &Seen) -> Result<Act
         scaled,
         deployment,
         capacity,
+        rollout,
     })
 }
 
@@ -164,14 +175,18 @@ pub fn desired_status(
         ready_replicas: dep_status.ready_replicas.unwrap_or(0),
         desired_replicas: Some(scaled.replicas),
         selector: Some(selector_string(&seen.name)),
-        conditions: carry_transition_times(&previous.conditions, conditions(&observed), now),
+        conditions: carry_transition_times(
+            &previous.conditions,
+            crate::rollout::drive::with_condition(conditions(&observed), acted.rollout.as_ref(), now),
+            now,
+        ),
         observed_metrics: scaled.observed_metrics.clone(),
         last_scale_time: scaled.last_scale_time.clone(),
         recent_decisions: scaled.recent_decisions.clone(),
         autoscaler: scaled.autoscaler.clone(),
         objectives: scaled.objectives.clone(),
         capacity: acted.capacity.clone(),
-        rollout: previous.rollout.clone(),
+        rollout: acted.rollout.clone(),
     }
 }
 

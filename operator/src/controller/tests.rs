@@ -43,6 +43,7 @@ fn context(client: Client) -> Arc<Context> {
     let http = crate::autoscaler::metrics::http_client();
     Arc::new(Context {
         capacity: crate::capacity::Capacity::new(http.clone(), metrics.clone()),
+        rollouts: Default::default(),
         autoscaler: crate::autoscaler::Autoscaler::new(
             http.clone(),
             client.clone(),
