@@ -213,6 +213,14 @@ pub struct ServeArgs {
     /// Lets the admin API inject faults (`POST /v1/faults/engine-panic`): for tests and chaos drills.
     #[arg(long, env = "MODELFLEET_ENABLE_FAULT_INJECTION", hide = true)]
     pub enable_fault_injection: bool,
+    /// With `--enable-fault-injection`: answer this percent of generation requests with a 500, spread
+    /// evenly (a bad revision for canary drills).
+    #[arg(long, env = "MODELFLEET_FAULT_ERROR_PERCENT", hide = true, default_value_t = 0)]
+    pub fault_error_percent: u32,
+    /// With `--enable-fault-injection`: hold every generation request this many milliseconds before
+    /// it is scheduled (a slow revision for canary drills).
+    #[arg(long, env = "MODELFLEET_FAULT_DELAY_MS", hide = true, default_value_t = 0)]
+    pub fault_delay_ms: u64,
     /// Speculative decoding, as vLLM's JSON: `{"method": "ngram", "num_speculative_tokens": 4,
     /// "prompt_lookup_max": 4}` or `{"model": PATH, "num_speculative_tokens": 3}` (see docs/operations.md).
     #[arg(long, env = "MODELFLEET_SPECULATIVE_CONFIG")]

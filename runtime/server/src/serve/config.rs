@@ -106,6 +106,9 @@ pub struct RuntimeConfig {
     pub admin_token_file: Option<PathBuf>,
     /// `--enable-fault-injection`.
     pub fault_injection: bool,
+    /// `--fault-error-percent` and `--fault-delay-ms` (0 unless fault injection is on).
+    pub fault_error_percent: u32,
+    pub fault_delay: Duration,
     /// `--termination-log`.
     pub termination_log: Option<PathBuf>,
 }
@@ -183,6 +186,8 @@ impl ServeArgs {
             tenants: self.tenants.clone(),
             admin_token_file: self.admin_token_file.clone(),
             fault_injection: self.enable_fault_injection,
+            fault_error_percent: self.fault_error_percent,
+            fault_delay: Duration::from_millis(self.fault_delay_ms),
             termination_log: self.termination_log.clone(),
         })
     }
@@ -205,6 +210,16 @@ impl ServeArgs {
             if !(secs.is_finite() && secs > 0.0 && secs <= 3600.0) {
                 bail!("{flag} must be in (0, 3600] seconds, got {secs}");
             }
+        }
+        if (self.fault_error_percent > 0 || self.fault_delay_ms > 0) && !self.enable_fault_injection {
+            bail!("--fault-error-percent and --fault-delay-ms need --enable-fault-injection");
+        }
+        if self.fault_error_percent > 100 || self.fault_delay_ms > 600_000 {
+            bail!(
+                "--fault-error-percent must be in [0, 100] (got {}), --fault-delay-ms at most 600000 (got {})",
+                self.fault_error_percent,
+                self.fault_delay_ms
+            );
         }
         if self.max_connections == 0 || self.max_sequences_per_request == 0 {
             bail!("--max-connections and --max-sequences-per-request must be >= 1");

@@ -81,6 +81,7 @@ async fn read_request<T: Send + 'static>(
     st.check_open(&tenant)?;
     let bytes = body::read(raw, st.body).await?;
     st.faults.check(&bytes, st.termination_log.as_deref());
+    st.faults.degrade().await?;
     Ok((tenant, prompt::parse(st, bytes, parse).await?, arrival))
 }
 

@@ -148,7 +148,7 @@ pub async fn build_state(
         tenant_queue_share: Some(cfg.tenant_queue_share),
         scope: cfg.scope,
         fault_injection: cfg.fault_injection,
-        faults: Default::default(),
+        faults: super::faults::Faults::new(cfg.fault_error_percent, cfg.fault_delay),
         termination_log: cfg.termination_log.clone(),
         draining: Default::default(),
         created: std::time::SystemTime::now()
