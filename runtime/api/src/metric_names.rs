@@ -138,3 +138,19 @@ pub const GATEWAY_TOKENS: &str = "modelfleet_gateway_tokens_total";
 pub const GATEWAY_COST: &str = "modelfleet_gateway_cost_total";
 /// Gateway: calls to the limits store that failed or timed out (counter, `operation`).
 pub const GATEWAY_LIMITS_STORE_ERRORS: &str = "modelfleet_gateway_limits_store_errors_total";
+/// Gateway: requests a revision answered, as the canary analysis judges them (counter, `namespace`,
+/// `model_deployment`, `revision`, `outcome` = ok | error, `mirrored` = true | false). `error`: a 5xx
+/// answer, or a connection or stream that broke (or went silent) before the answer was complete.
+pub const GATEWAY_REVISION_REQUESTS: &str = "modelfleet_gateway_revision_requests_total";
+/// Gateway: time from sending a request to a pod of a revision to its first body byte, real and
+/// mirrored requests alike (histogram, `namespace`, `model_deployment`, `revision`).
+pub const GATEWAY_REVISION_TTFT: &str = "modelfleet_gateway_revision_ttft_seconds";
+/// Gateway: time between consecutive SSE `data:` events of a revision's streamed answers (histogram,
+/// `namespace`, `model_deployment`, `revision`).
+pub const GATEWAY_REVISION_ITL: &str = "modelfleet_gateway_revision_itl_seconds";
+/// Gateway: pods chosen by revision during a rollout (counter, `namespace`, `model_deployment`,
+/// `revision`, `reason` = weight | fallback).
+pub const GATEWAY_REVISION_ROUTE: &str = "modelfleet_gateway_revision_route_total";
+/// Gateway: mirrored copies not sent (counter, `namespace`, `model_deployment`, `reason` = full |
+/// no_pod).
+pub const GATEWAY_MIRROR_DROPPED: &str = "modelfleet_gateway_mirror_dropped_total";

@@ -171,6 +171,7 @@ mod tests {
             created: 0,
             max_model_len: None,
             prices: Default::default(),
+            split: None,
         }
     }
 

@@ -21,6 +21,7 @@
 //! bodies, scrapes, the waiting rooms, connections). The design is in docs/design.md ("Gateway") and
 //! docs/gateway.md.
 
+pub mod canary;
 pub mod config;
 pub mod discovery;
 pub mod edge;
@@ -28,10 +29,12 @@ pub mod fleet;
 pub mod limits;
 pub mod load;
 pub mod metrics;
+pub mod mirror;
 pub mod pending;
 pub mod proxy;
 pub mod record;
 pub mod request;
+pub mod revision;
 pub mod ring;
 pub mod route;
 pub mod routes;

@@ -15,6 +15,15 @@ pub const TTFT_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0,
 ];
 
+/// Inter-token latency buckets: 1 ms to 10 s.
+pub const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 2.5, 5.0, 10.0,
+];
+
+/// Labels of the per-revision metrics.
+const REVISION_LABELS: &[&str] = &["namespace", "model_deployment", "revision"];
+
 /// Every metric the gateway exports.
 pub struct Metrics {
     registry: Registry,
@@ -32,6 +41,77 @@ pub struct Metrics {
     pub upstream_ttft: HistogramVec,
     /// `modelfleet_gateway_inflight{pod}`.
     pub inflight: IntGaugeVec,
+    /// Per revision, what the canary analysis reads.
+    pub revisions: RevisionMetrics,
+}
+
+/// The rollout metrics: per revision of a deployment (two at a time during a rollout; series of a
+/// retired revision stay until the gateway restarts).
+pub struct RevisionMetrics {
+    /// `modelfleet_gateway_revision_requests_total{namespace,model_deployment,revision,outcome,mirrored}`.
+    pub requests: IntCounterVec,
+    /// `modelfleet_gateway_revision_ttft_seconds{namespace,model_deployment,revision}`.
+    pub ttft: HistogramVec,
+    /// `modelfleet_gateway_revision_itl_seconds{namespace,model_deployment,revision}`.
+    pub itl: HistogramVec,
+    /// `modelfleet_gateway_revision_route_total{namespace,model_deployment,revision,reason}`.
+    pub route: IntCounterVec,
+    /// `modelfleet_gateway_mirror_dropped_total{namespace,model_deployment,reason}`.
+    pub mirror_dropped: IntCounterVec,
+}
+
+impl RevisionMetrics {
+    fn new() -> RevisionMetrics {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        let histogram = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)
+                .expect("valid metric")
+        };
+        RevisionMetrics {
+            requests: counter(
+                names::GATEWAY_REVISION_REQUESTS,
+                "Requests a revision answered (mirrored copies too): ok, or error (a 5xx answer, or a \
+             connection or stream that broke or went silent before the answer was complete)",
+                &["namespace", "model_deployment", "revision", "outcome", "mirrored"],
+            ),
+            ttft: histogram(
+                names::GATEWAY_REVISION_TTFT,
+                "From sending a request to a pod of the revision to its first body byte (2xx answers, \
+             mirrored copies too)",
+                TTFT_BUCKETS,
+                REVISION_LABELS,
+            ),
+            itl: histogram(
+                names::GATEWAY_REVISION_ITL,
+                "Between consecutive SSE data events of the revision's streamed answers (mirrored copies too)",
+                ITL_BUCKETS,
+                REVISION_LABELS,
+            ),
+            route: counter(
+                names::GATEWAY_REVISION_ROUTE,
+                "Pods chosen by revision during a rollout: weight (the revision the split chose), fallback \
+             (it had no pod to try)",
+                &["namespace", "model_deployment", "revision", "reason"],
+            ),
+            mirror_dropped: counter(
+                names::GATEWAY_MIRROR_DROPPED,
+                "Mirrored copies not sent: full (too many copies in flight), no_pod (no canary pod to try)",
+                &["namespace", "model_deployment", "reason"],
+            ),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.requests.clone()),
+            Box::new(self.ttft.clone()),
+            Box::new(self.itl.clone()),
+            Box::new(self.route.clone()),
+            Box::new(self.mirror_dropped.clone()),
+        ]
+    }
 }
 
 impl Default for Metrics {
@@ -48,6 +128,10 @@ impl Metrics {
         };
         let gauge = |name: &str, help: &str, labels: &[&str]| {
             IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        let histogram = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)
+                .expect("valid metric")
         };
         let m = Metrics {
             registry: Registry::new(),
@@ -80,16 +164,14 @@ impl Metrics {
                 "Requests held while their deployment has no Ready pod (the operator scales from zero on it)",
                 &["namespace", "model_deployment"],
             ),
-            upstream_ttft: HistogramVec::new(
-                HistogramOpts::new(
-                    names::GATEWAY_UPSTREAM_TTFT,
-                    "From sending a request to a pod to its first body byte",
-                )
-                .buckets(TTFT_BUCKETS.to_vec()),
+            upstream_ttft: histogram(
+                names::GATEWAY_UPSTREAM_TTFT,
+                "From sending a request to a pod to its first body byte",
+                TTFT_BUCKETS,
                 &["model_deployment"],
-            )
-            .expect("valid metric"),
+            ),
             inflight: gauge(names::GATEWAY_INFLIGHT, "Requests in flight per pod", &["pod"]),
+            revisions: RevisionMetrics::new(),
         };
         for c in [&m.requests, &m.route, &m.retries, &m.upstream_resets] {
             m.registry.register(Box::new(c.clone())).expect("unique");
@@ -100,6 +182,9 @@ impl Metrics {
         m.registry
             .register(Box::new(m.upstream_ttft.clone()))
             .expect("unique");
+        for c in m.revisions.collectors() {
+            m.registry.register(c).expect("unique");
+        }
         m
     }
 

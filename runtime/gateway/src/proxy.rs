@@ -18,13 +18,14 @@
 //! body.
 
 use crate::edge::Authorized;
-use crate::fleet::Pod;
+use crate::fleet::{Deployment, Pod};
 use crate::limits::Lease;
 use crate::limits::meter::USAGE_HEADER;
 use crate::load::InflightGuard;
 use crate::record::Record;
 use crate::request::{Routed, affinity_key};
-use crate::route::{choose, ready_deployment};
+use crate::revision::{Probe, status_ok};
+use crate::route::{Choice, choose, ready_deployment, wanted};
 use crate::state::Gateway;
 use crate::suspect::{Suspect, pod_gone, report};
 use axum::body::Body;
@@ -116,6 +117,7 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
         format!("tenant:{}", job.auth.tenant.id)
     };
     let key = affinity_key(&scope, job.auth.adapter.as_deref(), &job.routed);
+    crate::mirror::launch(&gw, &job, key);
     let mut tried: Vec<String> = Vec::new();
     let mut last: Option<Failure> = None;
     let mut resets = 0u32;
@@ -124,19 +126,17 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
             Ok(d) => d,
             Err(e) => return fail(&mut job.record, e),
         };
-        let Some(choice) = choose(&gw, &d, key, job.auth.adapter.as_deref(), &tried) else {
+        let want = wanted(&d, &job.auth.tenant.id, key);
+        let adapter = job.auth.adapter.as_deref();
+        let Some(choice) = choose(&gw, &d, key, adapter, &tried, want.as_deref()) else {
             break;
         };
-        if attempt > 0 {
-            gw.metrics.retries.with_label_values(&[&id.name]).inc();
-        }
-        gw.metrics
-            .route
-            .with_label_values(&[&id.name, choice.decision.label()])
-            .inc();
+        count_route(&gw, &d, &choice, want.is_some(), attempt);
         job.record.attempts += 1;
         tried.push(choice.pod.name.clone());
         let inflight = gw.loads.start(&choice.pod.name);
+        let mut probe = Probe::new(gw.metrics.clone(), &id, &choice.pod, false);
+        let sent = Instant::now();
         let judged = match send(&gw, &job, &choice.pod).await {
             Ok(resp) => judge(&gw, &job, &choice.pod, resp).await,
             Err(Sent::NotReached(why)) => {
@@ -146,9 +146,10 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
             Err(Sent::Broken(why)) => Judged::Reset(why),
             Err(Sent::Deadline) => Judged::Timeout,
         };
+        judged.tell(&mut probe, sent);
         match judged {
             Judged::Stream(resp, first) => {
-                return commit(gw.clone(), job, choice.pod, resp, first, inflight);
+                return commit(gw.clone(), job, choice.pod, resp, first, inflight, probe);
             }
             Judged::Retry(b) => remember(&mut last, Failure::Answer(b, choice.pod)),
             Judged::Final(b) => return buffered_response(&gw, &mut job.record, b, &choice.pod),
@@ -176,10 +177,35 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
             return fail(&mut job.record, timeout(&model));
         }
     }
+    exhausted(&gw, &mut job.record, last, &model)
+}
+
+/// Counts a routing decision (and a retry, past the first attempt; and the revision, with a split).
+fn count_route(gw: &Gateway, d: &Deployment, choice: &Choice, split: bool, attempt: u32) {
+    let id = &d.id;
+    if attempt > 0 {
+        gw.metrics.retries.with_label_values(&[&id.name]).inc();
+    }
+    gw.metrics
+        .route
+        .with_label_values(&[&id.name, choice.decision.label()])
+        .inc();
+    if split {
+        let reason = if choice.fallback { "fallback" } else { "weight" };
+        gw.metrics
+            .revisions
+            .route
+            .with_label_values(&[&id.namespace, &id.name, &choice.pod.revision, reason])
+            .inc();
+    }
+}
+
+/// The answer when no pod did better than `last`.
+fn exhausted(gw: &Gateway, record: &mut Record, last: Option<Failure>, model: &str) -> Response {
     match last {
-        Some(Failure::Answer(b, pod)) => buffered_response(&gw, &mut job.record, b, &pod),
+        Some(Failure::Answer(b, pod)) => buffered_response(gw, record, b, &pod),
         Some(Failure::Transport(why)) => fail(
-            &mut job.record,
+            record,
             ApiError {
                 code: Some("upstream_unreachable".into()),
                 ..ApiError::new(
@@ -189,7 +215,7 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
             },
         ),
         None => fail(
-            &mut job.record,
+            record,
             ApiError::new(
                 ApiErrorKind::Unavailable,
                 format!("`{model}` has no replica to try"),
@@ -312,6 +338,21 @@ enum Judged {
     Final(Buffered),
     Reset(String),
     Timeout,
+}
+
+impl Judged {
+    /// Tells the pod's revision how the attempt went (a stream's verdict waits for its end).
+    fn tell(&self, probe: &mut Probe, sent: Instant) {
+        match self {
+            Judged::Stream(resp, _) => {
+                if resp.status().is_success() {
+                    probe.first_byte(sent.elapsed());
+                }
+            }
+            Judged::Retry(b) | Judged::Final(b) => probe.finish(status_ok(b.status)),
+            Judged::Reset(_) | Judged::Timeout => probe.finish(false),
+        }
+    }
 }
 
 async fn read_small(resp: &mut reqwest::Response, deadline: Instant) -> Result<Bytes, String> {
@@ -453,6 +494,37 @@ struct Streaming {
     record: Record,
     _inflight: InflightGuard,
     lease: Lease,
+    /// The pod's revision's measurements (no verdict if the client goes away first).
+    probe: Probe,
+    /// What the record says once the answer is complete (`ok` or the status).
+    outcome: String,
+    /// Whether the pod's status is a good answer for its revision (not a 5xx).
+    healthy: bool,
+    /// Bytes of a declared `Content-Length` not passed on yet: at 0 the answer is complete (the server
+    /// stops reading the body there, so its end is never seen).
+    remaining: Option<u64>,
+}
+
+impl Streaming {
+    /// `chunk` goes to the client.
+    fn passed(&mut self, chunk: &Bytes) {
+        if self.sse {
+            self.lease.streamed(chunk);
+            self.probe.streamed(chunk);
+        }
+        if let Some(left) = self.remaining.as_mut() {
+            *left = left.saturating_sub(chunk.len() as u64);
+            if *left == 0 {
+                self.complete();
+            }
+        }
+    }
+
+    /// The whole answer went to the client.
+    fn complete(&mut self) {
+        self.probe.finish(self.healthy);
+        self.record.finish(&self.outcome);
+    }
 }
 
 fn stream_error(why: &str) -> Bytes {
@@ -474,6 +546,7 @@ fn commit(
     resp: reqwest::Response,
     first: Bytes,
     inflight: InflightGuard,
+    probe: Probe,
 ) -> Response {
     job.record.pod = pod.name.clone();
     let status = resp.status();
@@ -487,7 +560,12 @@ fn commit(
     if ok {
         job.lease.serving(resp.headers());
     }
-    let state = Streaming {
+    let outcome = if ok { "ok" } else { status.as_str() }.to_string();
+    let remaining = resp.content_length();
+    let mut state = Streaming {
+        outcome,
+        healthy: status_ok(status),
+        remaining,
         resp,
         first: Some(first),
         sse,
@@ -503,7 +581,11 @@ fn commit(
         record: job.record,
         _inflight: inflight,
         lease: job.lease,
+        probe,
     };
+    if state.remaining == Some(0) {
+        state.complete();
+    }
     let body = futures::stream::unfold(state, move |mut s| async move {
         if s.done {
             return None;
@@ -511,25 +593,16 @@ fn commit(
         if let Some(first) = s.first.take()
             && !first.is_empty()
         {
-            if s.sse {
-                s.lease.streamed(&first);
-            }
+            s.passed(&first);
             return Some((Ok(first), s));
         }
-        let outcome = if ok {
-            "ok".to_string()
-        } else {
-            s.resp.status().as_str().to_string()
-        };
         match tokio::time::timeout(s.idle, s.resp.chunk()).await {
             Ok(Ok(Some(chunk))) => {
-                if s.sse {
-                    s.lease.streamed(&chunk);
-                }
+                s.passed(&chunk);
                 Some((Ok(chunk), s))
             }
             Ok(Ok(None)) => {
-                s.record.finish(&outcome);
+                s.complete();
                 None
             }
             failed => {
@@ -541,6 +614,7 @@ fn commit(
                     _ => format!("no data for {:?}", s.idle),
                 };
                 s.done = true;
+                s.probe.finish(false);
                 s.record.finish("stream_error");
                 if s.sse {
                     Some((Ok(stream_error(&why)), s))

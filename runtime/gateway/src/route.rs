@@ -1,7 +1,9 @@
 //! Which pod takes a request: among the deployment's Ready pods — those not tried yet by this request,
 //! not ejected (unless every one is), and, for an adapter, those whose status says it is loaded (all
 //! of them while the status lists none: a pod without it answers 404 and the request moves on) — the
-//! CHWBL ring picks by affinity key and load, or round robin when so configured.
+//! CHWBL ring picks by affinity key and load, or round robin when so configured. During a canary rollout
+//! the candidates are first restricted to one revision's pods ([`crate::canary`]): the ring then works
+//! within that revision, and falls back to the other revision only when it has no pod left to try.
 //!
 //! A deployment without a Ready pod holds the request in its waiting room until a pod turns Ready,
 //! the wait limit (→ 504) or the deployment disappears (→ 404).
@@ -24,6 +26,8 @@ pub struct Choice {
     pub pod: Pod,
     /// How it was chosen.
     pub decision: Decision,
+    /// Whether the wanted revision had no pod left to try (another revision's pod was chosen).
+    pub fallback: bool,
 }
 
 /// The latest snapshot of deployment `id` once it has a Ready pod; holds the request (counted as
@@ -67,16 +71,60 @@ pub async fn ready_deployment(
     }
 }
 
+/// Which revision a request should go to: the side of the deployment's split its tenant and affinity
+/// key fall on (`None` without a split: every pod).
+pub fn wanted(d: &Deployment, tenant: &str, key: u64) -> Option<String> {
+    let split = d.split.as_ref()?;
+    Some(split.revision(split.side(tenant, key)).to_string())
+}
+
 /// Chooses a pod of `d` for a request with affinity `key`, or `None` when every candidate was tried.
+/// With a split and a `want`ed revision, the candidates are that revision's pods; when none is left to
+/// try, the other revision's (a fallback), then any other pod's.
 pub fn choose(
     gw: &Gateway,
     d: &Deployment,
     key: u64,
     adapter: Option<&str>,
     tried: &[String],
+    want: Option<&str>,
+) -> Option<Choice> {
+    let (Some(want), Some(split)) = (want, d.split.as_ref()) else {
+        return choose_among(gw, d, key, adapter, tried, |_| true);
+    };
+    let other = split.other(want);
+    let tier = |p: &Pod| match p.revision.as_str() {
+        r if r == want => 0,
+        r if r == other => 1,
+        _ => 2,
+    };
+    (0..3).find_map(|t| {
+        choose_among(gw, d, key, adapter, tried, |p| tier(p) == t).map(|c| Choice { fallback: t > 0, ..c })
+    })
+}
+
+/// Chooses a pod of revision `rev` only (a mirrored copy's), or `None` when it has none.
+pub fn choose_revision(
+    gw: &Gateway,
+    d: &Deployment,
+    key: u64,
+    adapter: Option<&str>,
+    rev: &str,
+) -> Option<Choice> {
+    choose_among(gw, d, key, adapter, &[], |p| p.revision == rev)
+}
+
+/// Chooses among the pods `among` accepts, as the module header says.
+fn choose_among(
+    gw: &Gateway,
+    d: &Deployment,
+    key: u64,
+    adapter: Option<&str>,
+    tried: &[String],
+    among: impl Fn(&Pod) -> bool,
 ) -> Option<Choice> {
     let loaded = adapter.and_then(|a| d.adapters.get(a)).map(|a| &a.loaded_on);
-    let has_adapter = |p: &Pod| loaded.is_none_or(|l| l.is_empty() || l.contains(&p.name));
+    let has_adapter = |p: &Pod| among(p) && loaded.is_none_or(|l| l.is_empty() || l.contains(&p.name));
     // Ejected pods are tried only when every pod that could serve is ejected.
     let any_healthy = d
         .pods
@@ -113,5 +161,6 @@ pub fn choose(
     Some(Choice {
         pod: d.pods[index].clone(),
         decision,
+        fallback: false,
     })
 }

@@ -7,6 +7,7 @@ use crate::fleet::Fleet;
 use crate::limits::{FailureMode, Limiter, store::Store};
 use crate::load::LoadTable;
 use crate::metrics::Metrics;
+use crate::mirror::{MAX_IN_FLIGHT, Mirrors};
 use crate::pending::Pending;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -82,6 +83,8 @@ pub struct Gateway {
     pub draining: AtomicBool,
     /// Round-robin position (round-robin routing only).
     pub turn: AtomicUsize,
+    /// Slots for mirrored copies (the canary's shadow step).
+    pub mirrors: Mirrors,
 }
 
 /// The HTTP client for pods: loopback/cluster traffic only, so no proxy from the environment.
@@ -138,6 +141,7 @@ impl Gateway {
             settings,
             draining: AtomicBool::new(false),
             turn: AtomicUsize::new(0),
+            mirrors: Mirrors::new(MAX_IN_FLIGHT),
         })
     }
 }

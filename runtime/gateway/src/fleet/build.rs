@@ -5,16 +5,20 @@
 //! `modelfleet.io/model-deployment` label; it is routable while Ready, with an IP, and not being
 //! deleted; an adapter's served name is `spec.servedName` or its name, owned by the earliest adapter
 //! claiming it (creationTimestamp, then name), never the base model's name; an adapter is loaded on the
-//! pods its per-pod status lists as `Loaded`. Rings are reused from the previous snapshot when a
+//! pods its per-pod status lists as `Loaded`; a pod's revision is its `modelfleet.io/revision` label or,
+//! without one, the stable revision of `status.rollout`; the canary split comes from `status.rollout`
+//! ([`crate::canary`]). Rings are reused from the previous snapshot when a
 //! deployment's pod set did not change.
 
 use super::{Adapter, Deployment, DeploymentId, Fleet, Pod, Tenancy};
+use crate::canary::Split;
 use crate::ring::Ring;
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use kube::ResourceExt;
 use modelfleet_api::tenants::Tenants;
 use modelfleet_crds::lora_adapter::AdapterPodPhase;
 use modelfleet_crds::model_deployment::PrefixCacheScope;
+use modelfleet_crds::rollout::REVISION_LABEL;
 use modelfleet_crds::{LoraAdapter, ModelDeployment};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -89,15 +93,9 @@ fn adapters_of(base: &str, siblings: &[&LoraAdapter]) -> BTreeMap<String, Adapte
         .collect()
 }
 
-/// The snapshot of everything watched.
-pub fn fleet(
-    mds: &[Arc<ModelDeployment>],
-    adapters: &[Arc<LoraAdapter>],
-    pods: &[Arc<KubePod>],
-    tenants: &HashMap<SecretRef, TenantsRead>,
-    previous: &Fleet,
-    synced: bool,
-) -> Fleet {
+/// The routable pods of every deployment, by (namespace, name); each pod's revision is its label's
+/// (empty without one, filled in with the stable revision by [`fleet`]).
+fn pods_by_deployment(pods: &[Arc<KubePod>]) -> HashMap<(String, String), Vec<Pod>> {
     let mut pods_by_md: HashMap<(String, String), Vec<Pod>> = HashMap::new();
     for p in pods.iter().filter(|p| routable(p)) {
         let Some(md) = p.labels().get(MODEL_DEPLOYMENT_LABEL) else {
@@ -114,8 +112,36 @@ pub fn fleet(
             .push(Pod {
                 name: p.name_any(),
                 ip,
+                revision: p.labels().get(REVISION_LABEL).cloned().unwrap_or_default(),
             });
     }
+    pods_by_md
+}
+
+fn tenancy_of(md: &ModelDeployment, tenants: &HashMap<SecretRef, TenantsRead>) -> Tenancy {
+    match tenants_ref(md) {
+        None => Tenancy::Open,
+        Some(r) => match tenants.get(&r) {
+            Some(Ok(t)) => Tenancy::Keys(t.clone()),
+            Some(Err(why)) => Tenancy::Unavailable(why.clone()),
+            None => Tenancy::Unavailable(format!(
+                "the tenants Secret {}/{} has not been read yet",
+                r.0, r.1
+            )),
+        },
+    }
+}
+
+/// The snapshot of everything watched.
+pub fn fleet(
+    mds: &[Arc<ModelDeployment>],
+    adapters: &[Arc<LoraAdapter>],
+    pods: &[Arc<KubePod>],
+    tenants: &HashMap<SecretRef, TenantsRead>,
+    previous: &Fleet,
+    synced: bool,
+) -> Fleet {
+    let mut pods_by_md = pods_by_deployment(pods);
     let mut adapters_by_md: HashMap<(String, String), Vec<&LoraAdapter>> = HashMap::new();
     for a in adapters {
         adapters_by_md
@@ -134,25 +160,19 @@ pub fn fleet(
                 name: md.name_any(),
             };
             let key = (id.namespace.clone(), id.name.clone());
+            let rollout = md.status.as_ref().and_then(|s| s.rollout.as_ref());
+            let stable = rollout.map(|r| r.stable_revision.as_str()).unwrap_or_default();
             let mut pods = pods_by_md.remove(&key).unwrap_or_default();
             pods.sort_by(|a, b| a.name.cmp(&b.name));
+            for p in pods.iter_mut().filter(|p| p.revision.is_empty()) {
+                p.revision = stable.to_string();
+            }
             let names: Vec<&str> = pods.iter().map(|p| p.name.as_str()).collect();
             let ring = match previous.deployments.get(&id) {
                 Some(d) if d.ring.pods().iter().map(String::as_str).eq(names.iter().copied()) => {
                     d.ring.clone()
                 }
                 _ => Arc::new(Ring::new(&names)),
-            };
-            let tenancy = match tenants_ref(md) {
-                None => Tenancy::Open,
-                Some(r) => match tenants.get(&r) {
-                    Some(Ok(t)) => Tenancy::Keys(t.clone()),
-                    Some(Err(why)) => Tenancy::Unavailable(why.clone()),
-                    None => Tenancy::Unavailable(format!(
-                        "the tenants Secret {}/{} has not been read yet",
-                        r.0, r.1
-                    )),
-                },
             };
             let runtime = md.spec.runtime.as_ref();
             let base = served_name(md);
@@ -161,7 +181,7 @@ pub fn fleet(
                 adapters: adapters_of(&base, &siblings),
                 id,
                 served_name: base,
-                tenancy,
+                tenancy: tenancy_of(md, tenants),
                 shared_prefix_cache: runtime
                     .and_then(|r| r.prefix_caching.as_ref())
                     .is_some_and(|p| p.scope == PrefixCacheScope::Deployment),
@@ -174,6 +194,7 @@ pub fn fleet(
                     .map_or(0, |t| t.0.as_second().max(0) as u64),
                 max_model_len: runtime.and_then(|r| r.max_model_len).map(|v| v.max(0) as u64),
                 prices: crate::limits::Prices::from_spec(md.spec.cost.as_ref()),
+                split: Split::from_status(rollout),
             }
         })
         .collect();
@@ -319,5 +340,60 @@ mod tests {
         fn is_open(&self) -> bool {
             matches!(self, Resolution::Base(d) if matches!(d.tenancy, Tenancy::Open))
         }
+    }
+
+    #[test]
+    fn revisions_come_from_the_label_or_stable_and_the_split_from_the_status() {
+        let rolling = md("ns", "chat", None, None);
+        let mut rolling = (*rolling).clone();
+        rolling.status = Some(
+            serde_json::from_value(serde_json::json!({"rollout": {
+                "stableRevision": "r1", "canaryRevision": "r2", "phase": "Progressing",
+                "weight": 25, "mirrorPercent": 0
+            }}))
+            .unwrap(),
+        );
+        let mds = [Arc::new(rolling), md("ns", "plain", None, None)];
+        let labelled = |name: &str, md_name: &str, rev: &str| {
+            let mut p = (*pod("ns", name, md_name, true, false)).clone();
+            let labels = p.metadata.labels.get_or_insert_default();
+            labels.insert(REVISION_LABEL.into(), rev.into());
+            Arc::new(p)
+        };
+        let pods = [
+            pod("ns", "chat-old", "chat", true, false),
+            labelled("chat-new", "chat", "r2"),
+            pod("ns", "plain-a", "plain", true, false),
+            labelled("plain-b", "plain", "r7"),
+        ];
+        let f = fleet(&mds, &[], &pods, &HashMap::new(), &Fleet::default(), true);
+        let revs = |served: &str| {
+            let Resolution::Base(d) = f.resolve(served) else {
+                panic!("{served}")
+            };
+            let revs: Vec<(String, String)> = d
+                .pods
+                .iter()
+                .map(|p| (p.name.clone(), p.revision.clone()))
+                .collect();
+            (revs, d.split.clone())
+        };
+        let (chat, split) = revs("chat");
+        assert_eq!(
+            chat,
+            [("chat-new".into(), "r2".into()), ("chat-old".into(), "r1".into())]
+        );
+        let split = split.unwrap();
+        assert_eq!(
+            (split.stable.as_str(), split.canary.as_str(), split.weight),
+            ("r1", "r2", 25)
+        );
+        // No rollout status: no split, and a pod without the label has no known revision.
+        let (plain, split) = revs("plain");
+        assert_eq!(
+            plain,
+            [("plain-a".into(), "".into()), ("plain-b".into(), "r7".into())]
+        );
+        assert_eq!(split, None);
     }
 }

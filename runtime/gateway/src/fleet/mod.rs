@@ -6,7 +6,8 @@
 //! Invariants: a pod is listed only while it is Ready, has an IP and is not being deleted (a pod
 //! leaves the rotation when its readiness turns false or its deletion starts, before its process
 //! stops); a served name claimed by two deployments resolves to [`Resolution::Conflict`], never to
-//! one of them; an adapter lists the pods whose per-pod status says `Loaded`.
+//! one of them; an adapter lists the pods whose per-pod status says `Loaded`; a pod's revision is its
+//! `modelfleet.io/revision` label, or the stable revision when it has none.
 
 pub mod build;
 
@@ -49,6 +50,9 @@ pub struct Pod {
     pub name: String,
     /// Its IP.
     pub ip: String,
+    /// Its revision: its `modelfleet.io/revision` label, or the deployment's stable revision without
+    /// one (empty when neither is known: no per-revision metrics then).
+    pub revision: String,
 }
 
 /// A LoraAdapter as the gateway routes it.
@@ -92,6 +96,8 @@ pub struct Deployment {
     pub max_model_len: Option<u64>,
     /// Token prices from `spec.cost` (what tenants are charged).
     pub prices: crate::limits::Prices,
+    /// The canary split while a rollout names a canary revision (`None`: every Ready pod serves).
+    pub split: Option<crate::canary::Split>,
 }
 
 impl Deployment {
@@ -245,6 +251,7 @@ mod tests {
             created: 0,
             max_model_len: None,
             prices: Default::default(),
+            split: None,
         }
     }
 

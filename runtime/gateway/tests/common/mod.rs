@@ -78,6 +78,7 @@ impl TestPod {
         Pod {
             name: self.name.clone(),
             ip: self.ip.clone(),
+            revision: String::new(),
         }
     }
 
@@ -324,6 +325,7 @@ pub fn deployment(pods: &[Pod], tenancy: Tenancy, adapters: &[(&str, &[&str], &[
             .collect::<BTreeMap<_, _>>(),
         created: 1,
         max_model_len: Some(2048),
+        split: None,
     }
 }
 
