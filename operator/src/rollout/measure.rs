@@ -16,12 +16,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// `modelfleet_gateway_revision_requests_total{namespace,model_deployment,revision,outcome,mirrored}`.
-pub const REVISION_REQUESTS: &str = "modelfleet_gateway_revision_requests_total";
-/// `modelfleet_gateway_revision_ttft_seconds{namespace,model_deployment,revision}` (histogram).
-pub const REVISION_TTFT: &str = "modelfleet_gateway_revision_ttft_seconds";
-/// `modelfleet_gateway_revision_itl_seconds{namespace,model_deployment,revision}` (histogram).
-pub const REVISION_ITL: &str = "modelfleet_gateway_revision_itl_seconds";
+use modelfleet_api::metric_names::{
+    GATEWAY_REVISION_ITL as REVISION_ITL, GATEWAY_REVISION_REQUESTS as REVISION_REQUESTS,
+    GATEWAY_REVISION_TTFT as REVISION_TTFT,
+};
 
 /// Cumulative traffic per revision on one gateway pod (or summed over several).
 pub type PerRevision = BTreeMap<String, Traffic>;
