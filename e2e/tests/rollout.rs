@@ -7,6 +7,9 @@
 //! - A bad revision (its pods fail 30 % of requests: `--fault-error-percent`) is rolled back by itself
 //!   during its first step: `Progressing=False/RolledBack`, the failed threshold and figures in
 //!   status, stable serving throughout, the failed requests counted against weight × window.
+//! - A slow revision (300 ms before each request) in a shadow step: clients only get stable's answers
+//!   while it receives copies, and it is rolled back on its p95 time to first token.
+//!
 //! The figures are printed. Run by `make e2e`; nothing is mocked.
 
 mod common;
