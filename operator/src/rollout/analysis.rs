@@ -3,7 +3,9 @@
 //! Inputs are each revision's increases over the window — answered requests, failed ones, and the
 //! TTFT and ITL histograms — as the gateway counts them per revision. The decision is one of:
 //! - `Wait`: the canary answered fewer than `minRequests` (too little evidence: never a pass), or
-//!   stable has no latency to compare with yet;
+//!   stable has no latency to compare with yet. Stable's figures are its own window's when it answered
+//!   at least `minRequests` in it, else the last such window of this rollout (a step at 100 % leaves
+//!   stable only fallbacks): the caller's choice, see drive.rs;
 //! - `Fail`: a threshold is exceeded, named with the figures. An error-rate failure is called as soon
 //!   as it is certain — when the canary's errors so far would exceed the threshold even if every
 //!   request still needed to reach `minRequests` succeeded — so a broken canary is withdrawn before
@@ -97,8 +99,12 @@ fn ratio(canary: &Buckets, stable: &Buckets) -> Option<f64> {
     }
 }
 
-/// Judges the canary's window against stable's.
-pub fn judge(canary: &Traffic, stable: &Traffic, t: &Thresholds) -> Verdict {
+/// Judges the canary's window against stable's; `None`: nothing of stable's to compare with (a step
+/// at 100 % without an earlier baseline), so errors are judged against 0 % and latency not at all.
+pub fn judge(canary: &Traffic, stable: Option<&Traffic>, t: &Thresholds) -> Verdict {
+    let none = Traffic::default();
+    let compared = stable.is_some();
+    let stable = stable.unwrap_or(&none);
     let figures = Figures {
         canary_requests: canary.requests,
         stable_requests: stable.requests,
@@ -141,7 +147,7 @@ pub fn judge(canary: &Traffic, stable: &Traffic, t: &Thresholds) -> Verdict {
         }
     }
     let canary_timed = canary.ttft.count() > 0.0;
-    if canary_timed && stable.ttft.count() <= 0.0 {
+    if compared && canary_timed && stable.ttft.count() <= 0.0 {
         return Verdict::Wait("stable has no latency samples in the window to compare with".into());
     }
     Verdict::Pass(figures)
@@ -191,7 +197,7 @@ mod tests {
     fn too_few_requests_wait_and_never_pass() {
         let v = judge(
             &traffic(49.0, 0.0, 0.1, 0.01),
-            &traffic(500.0, 0.0, 0.1, 0.01),
+            Some(&traffic(500.0, 0.0, 0.1, 0.01)),
             &thresholds(),
         );
         assert!(matches!(v, Verdict::Wait(_)), "{v:?}");
@@ -201,7 +207,7 @@ mod tests {
     fn an_equal_canary_passes_with_its_figures() {
         let v = judge(
             &traffic(60.0, 0.0, 0.1, 0.01),
-            &traffic(600.0, 0.0, 0.1, 0.01),
+            Some(&traffic(600.0, 0.0, 0.1, 0.01)),
             &thresholds(),
         );
         let Verdict::Pass(f) = v else { panic!("{v:?}") };
@@ -213,21 +219,21 @@ mod tests {
     fn errors_above_stable_plus_the_allowance_fail_once_certain() {
         // Stable at 1 %, allowance 1 point: 2 % allowed. 2 errors in 60 is 3.3 %: fails.
         let stable = traffic(1000.0, 10.0, 0.1, 0.01);
-        let v = judge(&traffic(60.0, 2.0, 0.1, 0.01), &stable, &thresholds());
+        let v = judge(&traffic(60.0, 2.0, 0.1, 0.01), Some(&stable), &thresholds());
         assert!(
             matches!(&v, Verdict::Fail { threshold, .. } if threshold.contains("error rate")),
             "{v:?}"
         );
         // 1 error in 60 (1.7 %) passes.
         assert!(matches!(
-            judge(&traffic(60.0, 1.0, 0.1, 0.01), &stable, &thresholds()),
+            judge(&traffic(60.0, 1.0, 0.1, 0.01), Some(&stable), &thresholds()),
             Verdict::Pass(_)
         ));
         // 2 errors in the first 5 requests: even 45 successes to come leave 4 % > 2 %: fail now.
-        let v = judge(&traffic(5.0, 2.0, 0.1, 0.01), &stable, &thresholds());
+        let v = judge(&traffic(5.0, 2.0, 0.1, 0.01), Some(&stable), &thresholds());
         assert!(matches!(v, Verdict::Fail { .. }), "{v:?}");
         // 1 error in the first 5: 1/50 = 2 % is not above 2 %: wait for more.
-        let v = judge(&traffic(5.0, 1.0, 0.1, 0.01), &stable, &thresholds());
+        let v = judge(&traffic(5.0, 1.0, 0.1, 0.01), Some(&stable), &thresholds());
         assert!(matches!(v, Verdict::Wait(_)), "{v:?}");
     }
 
@@ -235,7 +241,7 @@ mod tests {
     fn a_slow_first_token_fails_on_the_ratio_without_any_error() {
         let v = judge(
             &traffic(60.0, 0.0, 0.5, 0.01),
-            &traffic(600.0, 0.0, 0.1, 0.01),
+            Some(&traffic(600.0, 0.0, 0.1, 0.01)),
             &thresholds(),
         );
         let Verdict::Fail { threshold, figures } = v else {
@@ -250,7 +256,7 @@ mod tests {
     fn a_slow_inter_token_latency_fails_on_its_ratio() {
         let v = judge(
             &traffic(60.0, 0.0, 0.1, 0.05),
-            &traffic(600.0, 0.0, 0.1, 0.01),
+            Some(&traffic(600.0, 0.0, 0.1, 0.01)),
             &thresholds(),
         );
         assert!(
@@ -261,8 +267,23 @@ mod tests {
 
     #[test]
     fn without_stable_latency_the_canary_waits() {
-        let v = judge(&traffic(60.0, 0.0, 0.1, 0.01), &Traffic::default(), &thresholds());
+        let v = judge(
+            &traffic(60.0, 0.0, 0.1, 0.01),
+            Some(&Traffic::default()),
+            &thresholds(),
+        );
         assert!(matches!(v, Verdict::Wait(_)), "{v:?}");
+    }
+
+    #[test]
+    fn without_anything_of_stable_errors_count_against_zero_and_latency_is_not_judged() {
+        let slow = traffic(60.0, 0.0, 5.0, 1.0);
+        assert!(matches!(judge(&slow, None, &thresholds()), Verdict::Pass(_)));
+        let failing = traffic(60.0, 1.0, 0.1, 0.01);
+        assert!(matches!(
+            judge(&failing, None, &thresholds()),
+            Verdict::Fail { .. }
+        ));
     }
 
     #[test]

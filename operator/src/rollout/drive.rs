@@ -138,8 +138,10 @@ async fn judge(
     let per_revision = ctx.rollouts.window(&ns, &name, since)?;
     let pick = |rev: &str| per_revision.get(rev).cloned().unwrap_or_else(Traffic::default);
     let canary = pick(s.canary_revision.as_deref()?);
-    let stable = pick(&s.stable_revision);
-    Some(analysis::judge(&canary, &stable, &t))
+    let stable = ctx
+        .rollouts
+        .stable(&ns, &name, pick(&s.stable_revision), t.min_requests);
+    Some(analysis::judge(&canary, stable.as_ref(), &t))
 }
 
 /// `conditions` with the rollout's `Progressing` condition (a canary strategy only): `False` with

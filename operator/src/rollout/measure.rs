@@ -90,6 +90,8 @@ type Readings = VecDeque<(Instant, Reading)>;
 #[derive(Clone, Default)]
 pub struct History {
     inner: Arc<Mutex<HashMap<(String, String), Readings>>>,
+    /// Stable's last window with enough requests to judge against, per deployment.
+    baselines: Arc<Mutex<HashMap<(String, String), Traffic>>>,
 }
 
 impl History {
@@ -105,10 +107,21 @@ impl History {
 
     /// Forgets `ns/md` (deleted, or no rollout running).
     pub fn forget(&self, ns: &str, md: &str) {
-        self.inner
-            .lock()
-            .unwrap()
-            .remove(&(ns.to_string(), md.to_string()));
+        let key = (ns.to_string(), md.to_string());
+        self.inner.lock().unwrap().remove(&key);
+        self.baselines.lock().unwrap().remove(&key);
+    }
+
+    /// Stable's traffic to judge against: `now` when it holds at least `min` requests (it becomes the
+    /// baseline), else the last baseline (`None` without one).
+    pub fn stable(&self, ns: &str, md: &str, now: Traffic, min: f64) -> Option<Traffic> {
+        let key = (ns.to_string(), md.to_string());
+        let mut b = self.baselines.lock().unwrap();
+        if now.requests >= min {
+            b.insert(key, now.clone());
+            return Some(now);
+        }
+        b.get(&key).cloned()
     }
 
     /// Each revision's traffic between the oldest reading no earlier than `since` and the newest;
@@ -177,6 +190,21 @@ modelfleet_gateway_revision_itl_seconds_bucket{namespace=\"a\",model_deployment=
         assert_eq!(r["r2"].ttft.0, [(0.1, 6.0), (f64::INFINITY, 8.0)]);
         assert_eq!(r["r2"].itl.count(), 40.0);
         assert!(parse(PAGE, "c", "chat").unwrap().is_empty());
+    }
+
+    #[test]
+    fn stable_falls_back_to_its_last_window_with_enough_requests() {
+        let h = History::default();
+        let n = |requests: f64| Traffic {
+            requests,
+            ..Default::default()
+        };
+        assert_eq!(h.stable("a", "chat", n(10.0), 50.0), None);
+        assert_eq!(h.stable("a", "chat", n(500.0), 50.0), Some(n(500.0)));
+        // A step at 100 % leaves stable a few fallbacks: the baseline stands in.
+        assert_eq!(h.stable("a", "chat", n(16.0), 50.0), Some(n(500.0)));
+        h.forget("a", "chat");
+        assert_eq!(h.stable("a", "chat", n(16.0), 50.0), None);
     }
 
     #[test]

@@ -186,20 +186,7 @@ pub fn next(previous: Option<&RolloutStatus>, i: &Inputs) -> Next {
         if canary.is_none() && prev.phase == RolloutPhase::Stable {
             return unchanged(prev);
         }
-        let mut s = RolloutStatus {
-            stable_revision: prev.stable_revision.clone(),
-            steps: prev.steps.clone(),
-            ..Default::default()
-        };
-        s.message = match (in_flight, canary) {
-            (true, Some(c)) => format!(
-                "the spec returned to {}: canary {c} withdrawn",
-                prev.stable_revision
-            ),
-            _ => String::new(),
-        };
-        let event = (in_flight && canary.is_some()).then(|| ("RolloutAborted", s.message.clone()));
-        return Next { status: s, event };
+        return reverted(prev, in_flight);
     }
     // A revision that failed or was aborted holds until the spec names another one.
     if Some(i.desired) == canary && !in_flight {
@@ -207,16 +194,7 @@ pub fn next(previous: Option<&RolloutStatus>, i: &Inputs) -> Next {
     }
     // A new revision (also mid-rollout: the newest change wins and starts over).
     if Some(i.desired) != canary {
-        let s = RolloutStatus {
-            stable_revision: prev.stable_revision.clone(),
-            canary_revision: Some(i.desired.into()),
-            phase: RolloutPhase::Starting,
-            step_started_at: Some(Time(i.now)),
-            message: format!("canary {} starting beside {}", i.desired, prev.stable_revision),
-            ..Default::default()
-        };
-        let event = Some(("RolloutStarted", s.message.clone()));
-        return Next { status: s, event };
+        return started(prev, i);
     }
     let c = i.desired;
     if i.abort == Some(c) && prev.phase != RolloutPhase::Promoting {
@@ -228,21 +206,7 @@ pub fn next(previous: Option<&RolloutStatus>, i: &Inputs) -> Next {
     }
     match prev.phase {
         RolloutPhase::Starting if i.canary_ready => match &i.spec.mirror {
-            Some(m) => {
-                let mut s = prev.clone();
-                s.phase = RolloutPhase::Mirroring;
-                s.mirror_percent = m.percent;
-                s.step_started_at = Some(Time(i.now));
-                s.message = format!(
-                    "shadow: {}% of stable's requests copied to {c} for {}",
-                    m.percent, m.pause
-                );
-                let msg = s.message.clone();
-                Next {
-                    status: s,
-                    event: Some(("RolloutMirroring", msg)),
-                }
-            }
+            Some(m) => mirroring(prev, m, c, i.now),
             None => enter_step(prev.clone(), i.spec, 0, i.now),
         },
         RolloutPhase::Mirroring | RolloutPhase::Progressing | RolloutPhase::Paused => judged(prev, i),
@@ -259,6 +223,61 @@ pub fn next(previous: Option<&RolloutStatus>, i: &Inputs) -> Next {
             }
         }
         _ => unchanged(prev),
+    }
+}
+
+/// The spec names the stable revision again: back to plain stable, any canary withdrawn.
+fn reverted(prev: &RolloutStatus, in_flight: bool) -> Next {
+    let canary = prev.canary_revision.as_deref();
+    let mut s = RolloutStatus {
+        stable_revision: prev.stable_revision.clone(),
+        steps: prev.steps.clone(),
+        ..Default::default()
+    };
+    s.message = match (in_flight, canary) {
+        (true, Some(c)) => format!(
+            "the spec returned to {}: canary {c} withdrawn",
+            prev.stable_revision
+        ),
+        _ => String::new(),
+    };
+    let event = (in_flight && canary.is_some()).then(|| ("RolloutAborted", s.message.clone()));
+    Next { status: s, event }
+}
+
+/// A new revision starts beside stable (figures of an earlier rollout are dropped).
+fn started(prev: &RolloutStatus, i: &Inputs) -> Next {
+    let s = RolloutStatus {
+        stable_revision: prev.stable_revision.clone(),
+        canary_revision: Some(i.desired.into()),
+        phase: RolloutPhase::Starting,
+        step_started_at: Some(Time(i.now)),
+        message: format!("canary {} starting beside {}", i.desired, prev.stable_revision),
+        ..Default::default()
+    };
+    let event = Some(("RolloutStarted", s.message.clone()));
+    Next { status: s, event }
+}
+
+/// The shadow step begins.
+fn mirroring(
+    prev: &RolloutStatus,
+    m: &modelfleet_crds::rollout::MirrorSpec,
+    c: &str,
+    now: Timestamp,
+) -> Next {
+    let mut s = prev.clone();
+    s.phase = RolloutPhase::Mirroring;
+    s.mirror_percent = m.percent;
+    s.step_started_at = Some(Time(now));
+    s.message = format!(
+        "shadow: {}% of stable's requests copied to {c} for {}",
+        m.percent, m.pause
+    );
+    let msg = s.message.clone();
+    Next {
+        status: s,
+        event: Some(("RolloutMirroring", msg)),
     }
 }
 
