@@ -382,6 +382,11 @@ async fn a_slow_canary_fails_in_its_shadow_step(scene: &Scene, bad: &str) {
     let slow =
         format!("{GOOD}    extraArgs: [\"--enable-fault-injection\", \"--fault-delay-ms\", \"300\"]\n");
     let mirror = "    mirror: {percent: 50, pause: 60s}\n";
+    let counts = tokio::spawn(shadow_counts(
+        scene.mds.clone(),
+        scene.pods.clone(),
+        scene.ns.name.clone(),
+    ));
     let (track, answers) = under_load(
         scene,
         || scene.apply(&slow, mirror),
@@ -425,6 +430,16 @@ async fn a_slow_canary_fails_in_its_shadow_step(scene: &Scene, bad: &str) {
         "{last:?}"
     );
     assert!(last.canary_requests >= 40, "the copies were judged: {last:?}");
+    // What the gateway sent the canary as copies is what the canary's pods counted.
+    let (sent, counted) = counts
+        .await
+        .unwrap()
+        .expect("counters read during the shadow step");
+    eprintln!("[rollout] shadow step: the gateway sent {sent} copies, the canary's pods counted {counted}");
+    assert!(
+        sent >= 1.0 && (sent - counted).abs() <= 64.0 + 0.05 * sent,
+        "{sent} sent, {counted} counted"
+    );
     // The gateway counted the copies the canary received as mirrored.
     let page = gateway_metrics().await;
     let mirrored = page.lines().any(|l| {
@@ -469,6 +484,59 @@ async fn a_good_canary_promotes_and_bad_or_slow_ones_roll_back_by_themselves() {
     a_slow_canary_fails_in_its_shadow_step(&scene, &bad).await;
     // The rollouts dashboard plots both revisions' split, errors and latencies.
     dashboard_queries_return_data("modelfleet-rollouts.json", 4).await;
+}
+
+/// During the shadow step: the copies the gateway's pages count for the canary revision, and the
+/// requests the canary's Ready pods count on their own `/metrics` (read together, a few seconds in).
+async fn shadow_counts(mds: Api<ModelDeployment>, pods: Api<Pod>, ns: String) -> Option<(f64, f64)> {
+    let start = Instant::now();
+    let canary = loop {
+        let r = mds.get("roll").await.ok()?.status?.rollout?;
+        if r.phase == RolloutPhase::Mirroring {
+            break r.canary_revision?;
+        }
+        if start.elapsed() > Duration::from_secs(240) {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sum = |page: &str, name: &str, want: &[&str]| -> f64 {
+        page.lines()
+            .filter(|l| l.starts_with(name) && want.iter().all(|w| l.contains(w)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let lp = ListParams::default().labels("app.kubernetes.io/instance=roll,modelfleet.io/track=canary");
+    let canary_pods: Vec<String> = pods
+        .list(&lp)
+        .await
+        .ok()?
+        .items
+        .iter()
+        .filter(|p| is_ready(p))
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect();
+    let mut counted = 0.0;
+    for ip in &canary_pods {
+        let page = http()
+            .get(format!("http://{ip}:8001/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        counted += sum(&page, "modelfleet_requests_total", &[]);
+    }
+    let page = gateway_metrics().await;
+    let (ns_label, rev_label) = (format!("namespace=\"{ns}\""), format!("revision=\"{canary}\""));
+    let sent = sum(
+        &page,
+        "modelfleet_gateway_revision_requests_total",
+        &[&ns_label, &rev_label, "mirrored=\"true\""],
+    );
+    Some((sent, counted))
 }
 
 async fn md_ready_pods(pods: &Api<Pod>) -> usize {

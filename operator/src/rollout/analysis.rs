@@ -12,12 +12,22 @@
 //!   the window fills;
 //! - `Pass`, with the figures.
 //!
+//! A latency ratio fails only when the p95 is also more than [`MIN_TTFT_INCREASE`] /
+//! [`MIN_ITL_INCREASE`] above stable's: sub-millisecond latencies (a tiny model, an idle fleet) have
+//! ratios that are the histogram's resolution, not the model's speed.
+//!
 //! Invariants: latency ratios compare p95 to p95 (PromQL's `histogram_quantile`) and are judged only
 //! when both revisions have observations; a canary with no latency samples but enough requests fails
 //! nothing on latency (its requests all failed before a first token, which the error rate judges).
 
 use crate::autoscaler::latency::Buckets;
 use modelfleet_crds::rollout::RolloutAnalysis;
+
+/// A p95 time to first token less than this much above stable's never fails, whatever the ratio: below
+/// it the gateway's histogram (first bucket 5 ms) resolves noise, not a slower model.
+pub const MIN_TTFT_INCREASE: f64 = 0.025;
+/// The same for the p95 inter-token latency (histogram's first bucket 1 ms).
+pub const MIN_ITL_INCREASE: f64 = 0.005;
 
 /// One revision's traffic over the window.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -135,13 +145,31 @@ pub fn judge(canary: &Traffic, stable: Option<&Traffic>, t: &Thresholds) -> Verd
         ));
     }
     let latency = [
-        ("p95 time to first token", figures.ttft_ratio, t.max_ttft_ratio),
-        ("p95 inter-token latency", figures.itl_ratio, t.max_itl_ratio),
+        (
+            "p95 time to first token",
+            figures.ttft_ratio,
+            t.max_ttft_ratio,
+            &canary.ttft,
+            &stable.ttft,
+            MIN_TTFT_INCREASE,
+        ),
+        (
+            "p95 inter-token latency",
+            figures.itl_ratio,
+            t.max_itl_ratio,
+            &canary.itl,
+            &stable.itl,
+            MIN_ITL_INCREASE,
+        ),
     ];
-    for (what, measured, max) in latency {
-        if let Some(r) = measured.filter(|r| *r > max) {
+    for (what, measured, max, c, s, floor) in latency {
+        let increase = c.quantile(0.95).unwrap_or(0.0) - s.quantile(0.95).unwrap_or(0.0);
+        if let Some(r) = measured.filter(|r| *r > max && increase > floor) {
             return Verdict::Fail {
-                threshold: format!("{what} is {r:.3}× stable's, above the {max}× allowed"),
+                threshold: format!(
+                    "{what} is {r:.3}× stable's (+{:.0} ms), above the {max}× allowed",
+                    increase * 1000.0
+                ),
                 figures,
             };
         }
@@ -284,6 +312,26 @@ mod tests {
             judge(&failing, None, &thresholds()),
             Verdict::Fail { .. }
         ));
+    }
+
+    #[test]
+    fn a_large_ratio_of_tiny_latencies_does_not_fail() {
+        // ITL p95 ≈ 4 ms against ≈ 1 ms: 4× but +3 ms, inside what the histogram resolves.
+        let fine = |n: f64, at: f64| {
+            let mut b = Buckets::default();
+            for le in [0.001, 0.002, 0.004, 0.008, f64::INFINITY] {
+                b.add(le, if le >= at { n } else { 0.0 });
+            }
+            b
+        };
+        let with_itl = |n: f64, at: f64| Traffic {
+            itl: fine(n, at),
+            ..traffic(n, 0.0, 0.1, 0.01)
+        };
+        let (canary, stable) = (with_itl(60.0, 0.004), with_itl(600.0, 0.001));
+        let v = judge(&canary, Some(&stable), &thresholds());
+        let Verdict::Pass(f) = v else { panic!("{v:?}") };
+        assert!(f.itl_ratio.unwrap() > 3.0, "{f:?}");
     }
 
     #[test]
