@@ -94,7 +94,7 @@ async fn deployments(
         api.patch(&name, &pp, &Patch::Apply(&desired)).await?;
         // A rollout that was in flight when the strategy went away leaves no canary behind.
         if md.status.as_ref().is_some_and(|s| s.rollout.is_some()) {
-            delete_canary(&api, &name).await?;
+            delete_canary(&api, md).await?;
         }
         return Ok(());
     };
@@ -103,8 +103,14 @@ async fn deployments(
     api.patch(&name, &pp, &Patch::Apply(&plan.stable)).await?;
     match plan.canary {
         Some(c) => {
-            api.patch(&crate::rollout::plan::canary_name(&name), &pp, &Patch::Apply(&c))
-                .await?;
+            let canary = crate::rollout::plan::canary_name(&name);
+            if api.get_opt(&canary).await?.is_some_and(|d| !ours(md, &d)) {
+                return Err(Error::Invalid(format!(
+                    "the canary Deployment {canary:?} exists and is not controlled by this ModelDeployment \
+                     (another ModelDeployment may be named {canary:?}): rename one of them"
+                )));
+            }
+            api.patch(&canary, &pp, &Patch::Apply(&c)).await?;
         }
         // Only a rollout that had a canary can have left its Deployment behind.
         None if md
@@ -113,18 +119,28 @@ async fn deployments(
             .and_then(|s| s.rollout.as_ref())
             .is_some_and(|r| r.canary_revision.is_some()) =>
         {
-            delete_canary(&api, &name).await?
+            delete_canary(&api, md).await?
         }
         None => {}
     }
     Ok(())
 }
 
-async fn delete_canary(api: &Api<Deployment>, md: &str) -> Result<(), Error> {
-    match api
-        .delete(&crate::rollout::plan::canary_name(md), &Default::default())
-        .await
-    {
+fn ours(md: &ModelDeployment, d: &Deployment) -> bool {
+    let uid = md.metadata.uid.as_deref().unwrap_or_default();
+    super::ownership::controlled_by(&d.metadata, uid)
+}
+
+/// Deletes `<md>-canary` if it exists and this ModelDeployment controls it.
+async fn delete_canary(api: &Api<Deployment>, md: &ModelDeployment) -> Result<(), Error> {
+    let name = crate::rollout::plan::canary_name(&md.name_any());
+    let Some(d) = api.get_opt(&name).await? else {
+        return Ok(());
+    };
+    if !ours(md, &d) {
+        return Ok(());
+    }
+    match api.delete(&name, &Default::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),

@@ -215,7 +215,12 @@ pub struct ServeArgs {
     pub enable_fault_injection: bool,
     /// With `--enable-fault-injection`: answer this percent of generation requests with a 500, spread
     /// evenly (a bad revision for canary drills).
-    #[arg(long, env = "MODELFLEET_FAULT_ERROR_PERCENT", hide = true, default_value_t = 0)]
+    #[arg(
+        long,
+        env = "MODELFLEET_FAULT_ERROR_PERCENT",
+        hide = true,
+        default_value_t = 0
+    )]
     pub fault_error_percent: u32,
     /// With `--enable-fault-injection`: hold every generation request this many milliseconds before
     /// it is scheduled (a slow revision for canary drills).

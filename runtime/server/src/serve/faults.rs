@@ -31,7 +31,11 @@ pub struct Faults {
 impl Faults {
     /// The standing faults (both zero: none).
     pub fn new(error_percent: u32, delay: Duration) -> Self {
-        Faults { error_percent: u64::from(error_percent.min(100)), delay, ..Default::default() }
+        Faults {
+            error_percent: u64::from(error_percent.min(100)),
+            delay,
+            ..Default::default()
+        }
     }
 
     /// Holds the request `--fault-delay-ms`, then fails it if it falls in `--fault-error-percent`.
@@ -45,7 +49,10 @@ impl Faults {
         let n = self.seen.fetch_add(1, Ordering::Relaxed);
         // Request n fails when the running count of failures due steps up at it.
         if (n + 1) * self.error_percent / 100 > n * self.error_percent / 100 {
-            return Err(ApiError::new(ApiErrorKind::Internal, "injected fault (--fault-error-percent)"));
+            return Err(ApiError::new(
+                ApiErrorKind::Internal,
+                "injected fault (--fault-error-percent)",
+            ));
         }
         Ok(())
     }
@@ -87,7 +94,12 @@ mod tests {
                 failed.push(i);
             }
         }
-        assert_eq!(failed, [4, 9, 14, 19, 24, 29, 34, 39, 44, 49, 54, 59, 64, 69, 74, 79, 84, 89, 94, 99]);
+        assert_eq!(
+            failed,
+            [
+                4, 9, 14, 19, 24, 29, 34, 39, 44, 49, 54, 59, 64, 69, 74, 79, 84, 89, 94, 99
+            ]
+        );
         assert!(Faults::default().degrade().await.is_ok());
     }
 }
