@@ -40,54 +40,27 @@ pub fn transitions(
             format!("{t}={}: {}", new.status, new.message),
         ));
     }
-    out.extend(rollout_transition(previous, next));
     out
 }
 
-/// The Event a rollout's move deserves: a new phase, step or canary (a rollback is a warning).
-fn rollout_transition(
-    previous: &ModelDeploymentStatus,
-    next: &ModelDeploymentStatus,
-) -> Option<(bool, String, String)> {
-    use modelfleet_crds::rollout::RolloutPhase;
-    let new = next.rollout.as_ref()?;
-    let old = previous.rollout.as_ref();
-    let key = |r: &modelfleet_crds::rollout::RolloutStatus| {
-        (
-            r.phase,
-            r.step,
-            r.canary_revision.clone(),
-            r.stable_revision.clone(),
-        )
-    };
-    if old.map(key) == Some(key(new)) || old.is_none() && new.phase == RolloutPhase::Stable {
-        return None;
-    }
-    let reason = match new.phase {
-        RolloutPhase::Stable => "RolloutFinished",
-        RolloutPhase::Starting => "RolloutStarted",
-        RolloutPhase::Mirroring => "RolloutMirroring",
-        RolloutPhase::Progressing | RolloutPhase::Paused => "RolloutStep",
-        RolloutPhase::Promoting => "RolloutPromoted",
-        RolloutPhase::RolledBack => "RolledBack",
-        RolloutPhase::Aborted => "RolloutAborted",
-    };
-    let warning = matches!(new.phase, RolloutPhase::RolledBack | RolloutPhase::Aborted);
-    Some((warning, reason.into(), new.message.clone()))
-}
-
-/// Publishes the transition Events and the scaling decision.
+/// Publishes the transition Events, the scaling decision and the rollout's move (the walk's Event:
+/// a rollback or an abort is a warning).
 pub async fn on_transitions(
     ctx: &Context,
     md: &ModelDeployment,
     previous: &ModelDeploymentStatus,
     next: &ModelDeploymentStatus,
     decision: Option<&str>,
+    rollout: Option<&(&'static str, String)>,
 ) {
     let reference = md.object_ref(&());
     let mut events = transitions(previous, next);
     if let Some(d) = decision {
         events.push((false, "Scaled".into(), d.to_string()));
+    }
+    if let Some((reason, note)) = rollout {
+        let warning = ["RolledBack", "RolloutAborted"].contains(reason);
+        events.push((warning, reason.to_string(), note.clone()));
     }
     publish(&ctx.recorder, &reference, events).await;
 }

@@ -167,7 +167,8 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
     let acted = pass::act(&md, &ctx, &seen).await?;
     let status = pass::desired_status(&md, &seen, &acted, Timestamp::now());
     let rollout_in_flight = crate::rollout::drive::in_flight(status.rollout.as_ref());
-    pass::write_status(&md, &ctx, status, acted.scaled.decision_reason.as_deref()).await?;
+    let decision = acted.scaled.decision_reason.as_deref();
+    pass::write_status(&md, &ctx, status, decision, acted.rollout_event.as_ref()).await?;
     let every = pass::requeue_after(&md, &seen);
     Ok(Action::requeue(match rollout_in_flight {
         true => every.min(crate::rollout::drive::ROLLOUT_INTERVAL),

@@ -53,6 +53,8 @@ pub struct Acted {
     pub capacity: Option<CapacityStatus>,
     /// `status.rollout` (with a canary strategy).
     pub rollout: Option<RolloutStatus>,
+    /// The Event the rollout's move deserves (the walk's).
+    pub rollout_event: Option<(&'static str, String)>,
 }
 
 /// Reads everything the pass decides from.
@@ -96,11 +98,15 @@ pub async fn act(md: &ModelDeployment, ctx: &Context, seen: &Seen) -> Result<Act
             deployment: None,
             capacity: md.status.as_ref().and_then(|s| s.capacity.clone()),
             rollout: md.status.as_ref().and_then(|s| s.rollout.clone()),
+            rollout_event: None,
         });
     }
     let existing = seen.owned.deployment.as_ref();
     let scaled = ctx.autoscaler.replicas(md, existing, &seen.pods).await;
-    let rollout = crate::rollout::drive::step(md, ctx, &seen.pods).await;
+    let (rollout, rollout_event) = match crate::rollout::drive::step(md, ctx, &seen.pods).await {
+        Some(next) => (Some(next.status), next.event),
+        None => (None, None),
+    };
     let shape = super::apply::Shape {
         replicas: scaled.replicas,
         adapters: &seen.startup,
@@ -136,6 +142,7 @@ pub async fn act(md: &ModelDeployment, ctx: &Context, seen: &Seen) -> Result<Act
         deployment,
         capacity,
         rollout,
+        rollout_event,
     })
 }
 
@@ -197,6 +204,7 @@ pub async fn write_status(
     ctx: &Context,
     status: ModelDeploymentStatus,
     decision: Option<&str>,
+    rollout_event: Option<&(&'static str, String)>,
 ) -> Result<(), Error> {
     if md.status.as_ref() == Some(&status) {
         return Ok(());
@@ -213,7 +221,7 @@ pub async fn write_status(
         .await?;
     ctx.metrics.status_writes.inc();
     let previous = md.status.clone().unwrap_or_default();
-    super::events::on_transitions(ctx, md, &previous, &status, decision).await;
+    super::events::on_transitions(ctx, md, &previous, &status, decision, rollout_event).await;
     Ok(())
 }
 

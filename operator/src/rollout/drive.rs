@@ -57,9 +57,9 @@ fn is_canary(p: &Pod) -> bool {
     label(p, TRACK_LABEL) == Some("canary")
 }
 
-/// The next `status.rollout` for `md` (with `pods` its runtime pods), or `None` without a canary
-/// strategy.
-pub async fn step(md: &ModelDeployment, ctx: &Context, pods: &[Pod]) -> Option<RolloutStatus> {
+/// The next `status.rollout` for `md` (with `pods` its runtime pods) and the Event its move deserves,
+/// or `None` without a canary strategy.
+pub async fn step(md: &ModelDeployment, ctx: &Context, pods: &[Pod]) -> Option<walk::Next> {
     if !canary(md) {
         return None;
     }
@@ -95,8 +95,8 @@ pub async fn step(md: &ModelDeployment, ctx: &Context, pods: &[Pod]) -> Option<R
         promote: annotations.get(PROMOTE_ANNOTATION).map(String::as_str),
         abort: annotations.get(ABORT_ANNOTATION).map(String::as_str),
     };
-    let next = walk::next(previous, &inputs).status;
-    if !in_flight(Some(&next)) {
+    let next = walk::next(previous, &inputs);
+    if !in_flight(Some(&next.status)) {
         ctx.rollouts
             .forget(&md.namespace().unwrap_or_default(), &md.name_any());
     }
