@@ -46,7 +46,7 @@ pub fn parse_demand(page: &str, ns: &str, md: &str) -> Result<Demand, String> {
     Ok(d)
 }
 
-pub async fn page(client: &reqwest::Client, url: &str) -> Result<String, String> {
+async fn page(client: &reqwest::Client, url: &str) -> Result<String, String> {
     let mut resp = client
         .get(url)
         .timeout(Duration::from_secs(2))
@@ -66,6 +66,26 @@ pub async fn page(client: &reqwest::Client, url: &str) -> Result<String, String>
     String::from_utf8(out).map_err(|e| format!("{url}: {e}"))
 }
 
+/// Reads every gateway pod's `/metrics` at `ips` and parses each page; fails if any fails (the error
+/// names the page). Each result comes with its pod's IP.
+pub async fn read_each<T>(
+    client: &reqwest::Client,
+    ips: &[String],
+    port: u16,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<(String, T)>, String> {
+    let parse = &parse;
+    let pages = futures::future::join_all(ips.iter().map(|ip| async move {
+        let url = format!("http://{ip}:{port}/metrics");
+        let text = page(client, &url).await?;
+        parse(&text)
+            .map(|t| (ip.clone(), t))
+            .map_err(|e| format!("{url}: {e}"))
+    }))
+    .await;
+    pages.into_iter().collect()
+}
+
 /// Sums the demand for `ns/md` over the gateway pods at `ips`; fails if any fails.
 pub async fn read_demand(
     client: &reqwest::Client,
@@ -74,15 +94,9 @@ pub async fn read_demand(
     ns: &str,
     md: &str,
 ) -> Result<Demand, String> {
-    let pages = futures::future::join_all(ips.iter().map(|ip| async move {
-        let url = format!("http://{ip}:{port}/metrics");
-        let text = page(client, &url).await?;
-        parse_demand(&text, ns, md).map_err(|e| format!("{url}: {e}"))
-    }))
-    .await;
+    let pages = read_each(client, ips, port, |text| parse_demand(text, ns, md)).await;
     let mut total = Demand::default();
-    for p in pages {
-        let d = p?;
+    for (_, d) in pages? {
         total.pending += d.pending;
         total.requests += d.requests;
         total.gateways += 1;

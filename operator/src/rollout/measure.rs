@@ -157,15 +157,8 @@ pub async fn read(
     ns: &str,
     md: &str,
 ) -> Result<Reading, String> {
-    let pages = futures::future::join_all(ips.iter().map(|ip| async move {
-        let url = format!("http://{ip}:{port}/metrics");
-        let text = crate::autoscaler::gateway::page(client, &url).await?;
-        parse(&text, ns, md)
-            .map(|r| (ip.clone(), r))
-            .map_err(|e| format!("{url}: {e}"))
-    }))
-    .await;
-    pages.into_iter().collect()
+    let pages = crate::autoscaler::gateway::read_each(client, ips, port, |t| parse(t, ns, md)).await?;
+    Ok(pages.into_iter().collect())
 }
 
 #[cfg(test)]
