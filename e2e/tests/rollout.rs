@@ -13,7 +13,7 @@
 //! The figures are printed. Run by `make e2e`; nothing is mocked.
 
 mod common;
-use common::fleet::{chat, condition, gateway, tiny_model};
+use common::fleet::{chat, condition, gateway, served_by, tiny_model};
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -108,13 +108,7 @@ async fn streamed(http: &reqwest::Client, key: &str, prompt: &str) -> Result<(u1
         .send()
         .await
         .map_err(|e| e.to_string())?;
-    let status = r.status().as_u16();
-    let pod = r
-        .headers()
-        .get("x-modelfleet-pod")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
+    let (status, pod) = (r.status().as_u16(), served_by(&r));
     let text = r.text().await.map_err(|e| e.to_string())?;
     let complete = status != 200 || text.contains("data: [DONE]");
     Ok((if complete { status } else { 0 }, pod))

@@ -74,15 +74,18 @@ pub async fn chat(
         req = req.bearer_auth(k);
     }
     let r = req.send().await.map_err(|e| error_chain(&e))?;
-    let status = r.status().as_u16();
-    let pod = r
-        .headers()
+    let (status, pod) = (r.status().as_u16(), served_by(&r));
+    let body = r.json().await.map_err(|e| error_chain(&e))?;
+    Ok((status, pod, body))
+}
+
+/// The pod that served an answer (the gateway's `x-modelfleet-pod`; empty if none).
+pub fn served_by(r: &reqwest::Response) -> String {
+    r.headers()
         .get("x-modelfleet-pod")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
-        .to_string();
-    let body = r.json().await.map_err(|e| error_chain(&e))?;
-    Ok((status, pod, body))
+        .to_string()
 }
 
 /// An error and its sources, so a failure says why (reset, refused, closed early…).
