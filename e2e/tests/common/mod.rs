@@ -3,6 +3,7 @@
 //! kubectl and a real kube client. Nothing here is mocked.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod affinity;
 pub mod fleet;
 pub mod ramp;
 
