@@ -360,7 +360,8 @@ pub struct AutoscalingSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 20))]
     pub schedule: Vec<ScheduleWindow>,
-    /// Seconds a higher recommendation must hold before scaling up.
+    /// Seconds a higher recommendation must hold before scaling up (the queue and KV targets'; the
+    /// latency objectives' own count scales up at once).
     #[serde(default = "default_scale_up_window")]
     #[schemars(range(min = 0, max = 3600))]
     pub scale_up_stabilization_seconds: i32,

@@ -319,6 +319,7 @@ async fn ramp_mode(
         (counts(&mds, "ramp").await? == (1, 1) && pod_count(&pods, "ramp").await == 1).then_some(())
     })
     .await;
+    let started = k8s_openapi::jiff::Timestamp::now();
     let meter = ramp::ReplicaMeter::start(pods.clone(), mds.clone(), "ramp");
     let observed = ramp::run(&served, &shape, 0x5107, RAMP_TOKENS).await;
     let replicas = meter.stop();
@@ -334,7 +335,8 @@ async fn ramp_mode(
     }
     let decisions = mds.get("ramp").await.unwrap().status.unwrap().recent_decisions;
     for d in decisions {
-        eprintln!("[{mode}] {} -> {}: {}", d.from, d.to, d.reason);
+        let at = d.time.0.as_second() - started.as_second();
+        eprintln!("[{mode}] {at:+} s: {} -> {}: {}", d.from, d.to, d.reason);
     }
     (RampRun { observed, replicas }, shape)
 }

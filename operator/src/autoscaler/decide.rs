@@ -7,6 +7,11 @@
 //! must hold for the scale-up window (the count then goes to the lowest recommendation seen in it); one
 //! below must hold for the scale-down window (the count goes to the highest seen) — the semantics of
 //! HPA's stabilization windows, kept as O(1) state ([`AutoscalerState`]).
+//!
+//! The objectives' own scale-up is the exception: taken at once, without the up-window. Their model
+//! already looks ahead (the arrival trend over a pod's lead time) and has its own hysteresis (up at a
+//! 10% margin, down only at 25%, through the scale-down window); waiting the up-window on a rising
+//! load is what lets the objective be violated before the replica arrives.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -85,6 +90,23 @@ fn elapsed_secs(since: &Time, now: Timestamp) -> i64 {
     now.as_second() - since.0.as_second()
 }
 
+/// The objectives' own scale-up, taken at once (the module header says why): their count, clamped like
+/// the recommendation `rec`, when it is above `current`.
+fn objectives_up(
+    spec: &AutoscalingSpec,
+    sample: &Sample,
+    (rec, why): (i32, &str),
+    current: i32,
+) -> Option<Decision> {
+    let (n, _) = spec.objectives.as_ref().and(sample.objectives.as_ref())?;
+    let to = (*n).min(rec);
+    (to > current).then(|| Decision {
+        replicas: to,
+        state: AutoscalerState::default(),
+        reason: format!("scale up (objectives, no up-window): {why}"),
+    })
+}
+
 /// One autoscaler pass: `sample` is None when metrics are missing or stale.
 pub fn decide(
     spec: &AutoscalingSpec,
@@ -117,6 +139,9 @@ pub fn decide(
         };
     };
     let (rec, why) = recommend(sample, spec, current);
+    if let Some(up) = objectives_up(spec, sample, (rec, &why), current) {
+        return up;
+    }
     let since = |old: &Option<ScalingCandidate>| old.as_ref().map(|c| c.since.clone()).unwrap_or(Time(now));
     if rec > current {
         let lowest = state.scale_up.as_ref().map_or(rec, |c| c.replicas.min(rec));
@@ -282,6 +307,41 @@ mod tests {
         assert_eq!(
             d.replicas, 2,
             "goes to the highest recommendation seen in the window"
+        );
+    }
+
+    #[test]
+    fn the_objectives_scale_up_at_once_the_queue_waits_its_window() {
+        let mut s = spec(1, 10, 15, 60);
+        let queue_only = sample(2, 16.0, 0.1); // the queue asks for 4
+        let d = decide(&s, &AutoscalerState::default(), 2, Some(&queue_only), at(0));
+        assert_eq!(d.replicas, 2, "the queue's scale-up waits: {}", d.reason);
+        s.objectives = Some(serde_json::from_value(serde_json::json!({"ttftP95": "1s"})).unwrap());
+        let ahead = Sample {
+            objectives: Some((3, "projected".into())),
+            ..queue_only.clone()
+        };
+        let d = decide(&s, &AutoscalerState::default(), 2, Some(&ahead), at(0));
+        assert_eq!(d.replicas, 3, "the objectives' count at once, not the queue's 4");
+        assert!(d.reason.starts_with("scale up (objectives"), "{}", d.reason);
+        assert_eq!(d.state, AutoscalerState::default());
+        // Clamped like any recommendation: at most double, at most max.
+        let far = Sample {
+            objectives: Some((9, "projected".into())),
+            ..queue_only.clone()
+        };
+        assert_eq!(
+            decide(&s, &AutoscalerState::default(), 2, Some(&far), at(0)).replicas,
+            4
+        );
+        // Not above the current count: the windows as before (a scale-down still waits its window).
+        let down = Sample {
+            objectives: Some((1, "idle".into())),
+            ..sample(3, 0.0, 0.0)
+        };
+        assert_eq!(
+            decide(&s, &AutoscalerState::default(), 3, Some(&down), at(0)).replicas,
+            3
         );
     }
 

@@ -174,6 +174,8 @@ pub struct Totals {
     pub tokens: f64,
     /// Change of requests waiting or running (arrivals not yet finished).
     pub growth: f64,
+    /// Requests waiting for a batch slot at the newest reading, fleet-wide.
+    pub waiting: f64,
     /// TTFT observations in the span.
     pub ttft: Buckets,
     /// Inter-token gaps in the span.
@@ -242,6 +244,7 @@ impl Window {
         }
         let in_flight = |r: &BTreeMap<String, PodCounters>| r.values().map(|c| c.in_flight).sum::<f64>();
         t.growth = in_flight(last) - in_flight(first);
+        t.waiting = last.values().map(|c| c.waiting).sum();
         Some(t)
     }
 }

@@ -6,20 +6,23 @@
 //! replica's output tokens/s at saturation (measured: intervals whose queue never emptied). Serving `λ`
 //! output tokens/s means `b / t(b) = λ`, so `t = t₀ / (1 − ρ)` with `ρ = λ/μ`: each token — and each
 //! prefill chunk, which rides in the same steps — takes `1/(1 − ρ)` times its unloaded time. Over `n`
-//! replicas `ρ(n) = Λ / (n·μ)`, `Λ` the fleet's output tokens/s (the larger of what it produced and
-//! what arriving requests ask for: arrivals × mean output length, which exceeds production under
-//! overload).
+//! replicas `ρ(n) = Λ / (n·μ)`, `Λ` the output tokens/s arriving requests ask for (arrivals × mean
+//! output length: above production under overload; below it while a backlog drains, which the
+//! backlog term counts instead), production until a request finished.
 //!
 //! Calibration: a measured p95 `L` at the current `ρ` estimates the unloaded p95 as `L·(1 − ρ)` (none
 //! where `ρ ≥ 0.9`); `L₀` is the lowest estimate of the last minutes (the caller keeps them): a backlog
 //! left by a burst inflates `L` beyond what the current `ρ` explains, never below. An objective `T` is met at `n`
 //! replicas when `L₀ / (1 − ρ(n)) ≤ (1 − m)·T`, so `n ≥ Λ / (μ · (1 − L₀ / ((1 − m)·T)))`.
 //!
-//! Decisions: the count needed with margin [`UP_MARGIN`] above the current count is a scale-up — and a
-//! measured p95 over `(1 − m)·T` asks for at least `n·L/((1 − m)·T)` (the model is wrong when the
-//! measurement says so: a backlog, a calibration that lags); below it, the fleet goes down only to the count that still meets every objective with [`DOWN_MARGIN`]
-//! (hysteresis, before the stabilization windows). Rising load: `Λ` is projected over the lead time
-//! (how long a new pod takes to become Ready) along the arrival rate's trend, upward only.
+//! Decisions: the count needed with margin [`UP_MARGIN`] above the current count is a scale-up (taken
+//! at once: `decide` skips the up-window for it) — and requests waiting with a p95 of the last seconds
+//! over `(1 − m)·T` ask for at least one replica more than those measured (the model is wrong when the
+//! measurement says so: a calibration that lags, a mix it has not seen); below it, the fleet goes down
+//! only to the count that still meets every objective with [`DOWN_MARGIN`] (hysteresis, before the
+//! scale-down window). Rising load: `Λ` is projected over the horizon (how long a new pod takes to
+//! become Ready: when a scale-up asked for now serves) along the arrival rate's trend, upward only. A backlog (requests waiting for a batch slot) is demand too: its
+//! tokens are to be served within the horizon, so they add `waiting × output length / horizon`.
 //!
 //! Invariants: without a measured `μ` the model cannot size down — it scales up in proportion to the
 //! worst objective's overshoot and otherwise holds; an objective no count can meet (`L₀ ≥ (1 − m)·T`:
@@ -48,10 +51,14 @@ pub struct Load {
     pub output_tokens: f64,
     /// Change of the arrival rate, requests/s per second.
     pub arrival_trend: f64,
-    /// Measured p95 time to first token, seconds.
+    /// Requests waiting for a batch slot now, fleet-wide.
+    pub waiting: f64,
+    /// Measured p95 time to first token over the window, seconds.
     pub ttft_p95: Option<f64>,
-    /// Measured p95 inter-token latency, seconds.
+    /// Measured p95 inter-token latency over the window, seconds.
     pub itl_p95: Option<f64>,
+    /// The p95s (TTFT, ITL) of the last few seconds (the rates' span): what the fleet does now.
+    pub recent_p95: [Option<f64>; 2],
 }
 
 /// The objectives, in seconds.
@@ -79,30 +86,38 @@ pub struct Need {
 }
 
 /// The replicas `targets` need under `load` with the fleet at `current`, given the saturated output
-/// tokens/s of one replica (`mu`), the lead time in seconds and the remembered unloaded latencies.
+/// tokens/s of one replica (`mu`), the horizon in seconds (from a decision to a new pod serving) and
+/// the remembered unloaded latencies.
 pub fn needed(
     load: &Load,
     targets: &Targets,
     mu: Option<f64>,
-    lead: f64,
+    horizon: f64,
     current: i32,
     remembered: Unloaded,
 ) -> Need {
-    let demand = load.arrival_rate * load.output_tokens;
-    let now_rate = load.token_rate.max(demand);
+    // What arrives is the load to size for: production above it is a backlog draining (the `waiting`
+    // term below), production under it an overload. Before a request finished the length is unknown,
+    // and production is all there is.
+    let now_rate = if load.output_tokens > 0.0 {
+        load.arrival_rate * load.output_tokens
+    } else {
+        load.token_rate
+    };
     let growth = if load.arrival_rate > 0.0 {
-        (load.arrival_rate + load.arrival_trend.max(0.0) * lead) / load.arrival_rate
+        (load.arrival_rate + load.arrival_trend.max(0.0) * horizon) / load.arrival_rate
     } else {
         1.0
     };
-    let projected = now_rate * growth;
+    let backlog = load.waiting * load.output_tokens / horizon.max(1.0);
+    let projected = now_rate * growth + backlog;
     let mut unloaded = remembered;
     let mut replicas = 1;
     let mut why = vec![format!(
-        "{:.3} req/s x {:.0} tokens, {:.1} tokens/s now -> {:.1} in {lead:.0} s",
-        load.arrival_rate, load.output_tokens, now_rate, projected
+        "{:.3} req/s x {:.0} tokens, {:.1} tokens/s now, {:.0} waiting -> {:.1} in {horizon:.0} s",
+        load.arrival_rate, load.output_tokens, now_rate, load.waiting, projected
     )];
-    if now_rate == 0.0 && load.arrival_rate == 0.0 {
+    if load.token_rate == 0.0 && load.arrival_rate == 0.0 && load.waiting == 0.0 {
         why.push("idle: nothing arrived or was produced in the window".into());
         return Need {
             replicas: 1,
@@ -118,12 +133,11 @@ pub fn needed(
         let Some(target) = target else { continue };
         let (n, because) = match mu.filter(|m| *m > 0.0) {
             Some(mu) => sized(
-                load.replicas,
-                now_rate,
-                projected,
+                load,
+                i,
+                (now_rate, projected),
                 mu,
                 target,
-                measured,
                 current,
                 &mut unloaded[i],
             ),
@@ -139,19 +153,23 @@ pub fn needed(
     }
 }
 
-/// The count for one objective with a measured `mu`.
-#[allow(clippy::too_many_arguments)]
+/// The count for objective `i` (0 TTFT, 1 ITL) with a measured `mu`: `rates` are the fleet's output
+/// tokens/s now and at the horizon.
 fn sized(
-    read: i32,
-    now_rate: f64,
-    projected: f64,
+    load: &Load,
+    i: usize,
+    (now_rate, projected): (f64, f64),
     mu: f64,
     target: f64,
-    measured: Option<f64>,
     current: i32,
     unloaded: &mut Option<f64>,
 ) -> (i32, String) {
-    let rho_now = now_rate / (f64::from(read.max(1)) * mu);
+    let read = load.replicas;
+    let measured = [load.ttft_p95, load.itl_p95][i];
+    let recent = load.recent_p95[i].or(measured);
+    // The utilisation the measured p95 was taken at: what the replicas produced, or what arrived when
+    // that was more (an overload, whose p95 says nothing of the unloaded latency).
+    let rho_now = load.token_rate.max(now_rate) / (f64::from(read.max(1)) * mu);
     // This window's estimate, when the utilisation leaves it meaningful; `unloaded` comes in as the
     // lowest recent estimate and goes out as this one.
     let fresh = measured
@@ -187,17 +205,18 @@ fn sized(
             ),
         );
     };
-    // The model is wrong when the measurement says so (a backlog the steady state does not see, a
-    // calibration that lags): a p95 over the objective scales at least in proportion to the overshoot.
-    let floor = measured
-        .filter(|l| *l > (1.0 - UP_MARGIN) * target)
-        .map_or(0, |l| {
-            (f64::from(current.max(1)) * l / ((1.0 - UP_MARGIN) * target)).ceil() as i32
-        });
+    // The model is wrong when the measurement says so (a calibration that lags, a mix it has not
+    // seen): requests queueing and a p95 of the last seconds over the objective ask for one replica
+    // more than those measured. One, not in proportion to the overshoot: the window's p95 stays high
+    // for a window after a backlog drained (the backlog itself is demand above), and a replica still
+    // starting is not asked for twice.
+    let floor = recent
+        .filter(|l| *l > (1.0 - UP_MARGIN) * target && load.waiting > 0.0)
+        .map_or(0, |_| read.max(1) + 1);
     let n = if up.max(floor) > current {
         up.max(floor)
     } else {
-        count(DOWN_MARGIN).map_or(current, |down| down.max(up).min(current))
+        count(DOWN_MARGIN).map_or(current, |down| down.max(up).max(floor).min(current))
     };
     (
         n,
@@ -259,8 +278,10 @@ mod tests {
             arrival_rate: rate / 100.0,
             output_tokens: 100.0,
             arrival_trend: 0.0,
+            waiting: 0.0,
             ttft_p95: Some(ttft),
             itl_p95: Some(itl),
+            recent_p95: [None, None],
         }
     }
 
@@ -288,14 +309,17 @@ mod tests {
         let mut heavy = load(2, 800.0, 3.0, 0.5);
         heavy.arrival_rate = 12.0;
         let n2 = needed(&heavy, &BOTH, Some(400.0), 60.0, 2, n.unloaded);
-        // The model: ITL 1200/(400·0.583) = 5.14 -> 6; but the measurements overshoot, TTFT 3 s of
-        // 1 s (2 × 3 / 0.9 -> 7) and ITL 500 ms of 80 ms (2 × 0.5 / 0.072 = 13.9 -> 14).
-        assert_eq!(n2.replicas, 14, "{}", n2.why);
+        // The model: ITL 1200/(400·0.583) = 5.14 -> 6, TTFT 1200/(400·0.778) = 3.86 -> 4.
+        assert_eq!(n2.replicas, 6, "{}", n2.why);
         assert_eq!(n2.unloaded, [None, None], "no estimate above ρ 0.9");
         // A backlog inflates TTFT to 3 s at ρ 0.5: this window estimates 1.5 s, but the lowest
-        // recent estimate (200 ms) is the model's, and the overshoot scales the fleet: 2 × 3 / 0.9 -> 7.
+        // recent estimate (200 ms) is the model's (2 replicas); with requests waiting, the p95 over the
+        // objective asks for one more than the 2 measured: 3.
         let backlog = needed(
-            &load(2, 400.0, 3.0, 0.06),
+            &Load {
+                waiting: 1.0,
+                ..load(2, 400.0, 3.0, 0.06)
+            },
             &BOTH,
             Some(400.0),
             60.0,
@@ -304,7 +328,54 @@ mod tests {
         );
         assert_eq!(backlog.unloaded[0], Some(1.5));
         assert!(backlog.why.contains("unloaded 200ms"), "{}", backlog.why);
-        assert_eq!(backlog.replicas, 7, "{}", backlog.why);
+        assert_eq!(backlog.replicas, 3, "{}", backlog.why);
+    }
+
+    #[test]
+    fn a_backlog_is_demand_and_the_last_seconds_judge_the_model() {
+        let remembered = [Some(0.2), Some(0.03)];
+        // 100 requests of 100 tokens waiting, to be served within the 60 s horizon: +166.7 tokens/s,
+        // 566.7 in all. ITL: 566.7/(400·0.583) = 2.43 -> 3; TTFT: 566.7/(400·0.778) = 1.82 -> 2.
+        let mut l = load(2, 400.0, 0.4, 0.06);
+        l.waiting = 100.0;
+        let n = needed(&l, &BOTH, Some(400.0), 60.0, 2, remembered);
+        assert_eq!(n.replicas, 3, "{}", n.why);
+        assert!(n.why.contains("100 waiting -> 566.7 in 60 s"), "{}", n.why);
+        // Production above the arrivals is a backlog draining: sized for what arrives (400 tokens/s
+        // -> 2), not for the 800 produced (-> 4).
+        let draining = Load {
+            token_rate: 800.0,
+            ..load(2, 400.0, 0.4, 0.06)
+        };
+        assert_eq!(
+            needed(&draining, &BOTH, Some(400.0), 60.0, 2, remembered).replicas,
+            2
+        );
+        // The window's p95 is still over the objective (a backlog that drained within it), the last
+        // seconds' is not: the model's count, no more.
+        let mut drained = load(2, 400.0, 3.0, 0.06);
+        drained.recent_p95 = [Some(0.3), Some(0.05)];
+        assert_eq!(
+            needed(&drained, &BOTH, Some(400.0), 60.0, 2, remembered).replicas,
+            2
+        );
+        // Over the objective in the last seconds without a queue: slow, but not for want of replicas.
+        drained.recent_p95 = [Some(1.2), Some(0.05)];
+        assert_eq!(
+            needed(&drained, &BOTH, Some(400.0), 60.0, 2, remembered).replicas,
+            2
+        );
+        // With requests waiting: one more than the replicas measured (4 asked for already, 2 read:
+        // the model would go down to 2 or 3, the queue keeps 3).
+        drained.waiting = 1.0;
+        assert_eq!(
+            needed(&drained, &BOTH, Some(400.0), 60.0, 4, remembered).replicas,
+            3
+        );
+        assert_eq!(
+            needed(&drained, &BOTH, Some(400.0), 60.0, 2, remembered).replicas,
+            3
+        );
     }
 
     #[test]

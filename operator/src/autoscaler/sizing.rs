@@ -124,7 +124,8 @@ pub fn ready_time(pods: &[Pod]) -> f64 {
 
 impl Sizing {
     /// Adds a reading and, once the window spans [`MIN_SPAN`], sizes the fleet for `targets`; the
-    /// status either way. `fallback_mu`: `status.capacity`'s saturated tokens/s per replica.
+    /// status either way. `horizon`: seconds from a decision to a new pod serving (the up-window and
+    /// the lead time); `fallback_mu`: `status.capacity`'s saturated tokens/s per replica.
     #[allow(clippy::too_many_arguments)]
     pub fn observe(
         &mut self,
@@ -133,7 +134,7 @@ impl Sizing {
         counters: BTreeMap<String, PodCounters>,
         at: Instant,
         current: i32,
-        lead: f64,
+        horizon: f64,
         fallback_mu: Option<f64>,
     ) -> (Option<Need>, ObjectivesStatus) {
         self.saturation
@@ -171,11 +172,13 @@ impl Sizing {
                 0.0
             },
             arrival_trend: trend,
+            waiting: recent.waiting,
             ttft_p95: t.ttft.quantile(0.95),
             itl_p95: t.itl.quantile(0.95),
+            recent_p95: [recent.ttft.quantile(0.95), recent.itl.quantile(0.95)],
         };
         self.p95 = [load.ttft_p95, load.itl_p95];
-        let need = objectives::needed(&load, targets, mu, lead, current, self.lowest_estimates(at));
+        let need = objectives::needed(&load, targets, mu, horizon, current, self.lowest_estimates(at));
         for (history, fresh) in self.estimates.iter_mut().zip(need.unloaded) {
             if let Some(v) = fresh {
                 history.push_back((at, v));
