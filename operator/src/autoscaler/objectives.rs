@@ -21,8 +21,9 @@
 //! measurement says so: a calibration that lags, a mix it has not seen); below it, the fleet goes down
 //! only to the count that still meets every objective with [`DOWN_MARGIN`] (hysteresis, before the
 //! scale-down window). Rising load: `Λ` is projected over the horizon (how long a new pod takes to
-//! become Ready: when a scale-up asked for now serves) along the arrival rate's trend, upward only. A backlog (requests waiting for a batch slot) is demand too: its
-//! tokens are to be served within the horizon, so they add `waiting × output length / horizon`.
+//! become Ready: when a scale-up asked for now serves) along the arrival rate's trend, upward only. A
+//! backlog (requests waiting for a batch slot) is demand too: its tokens are to be served within the
+//! horizon, so they add `waiting × output length / horizon`.
 //!
 //! Invariants: without a measured `μ` the model cannot size down — it scales up in proportion to the
 //! worst objective's overshoot and otherwise holds; an objective no count can meet (`L₀ ≥ (1 − m)·T`:

@@ -124,8 +124,8 @@ pub fn ready_time(pods: &[Pod]) -> f64 {
 
 impl Sizing {
     /// Adds a reading and, once the window spans [`MIN_SPAN`], sizes the fleet for `targets`; the
-    /// status either way. `horizon`: seconds from a decision to a new pod serving (the up-window and
-    /// the lead time); `fallback_mu`: `status.capacity`'s saturated tokens/s per replica.
+    /// status either way. `horizon`: seconds from a decision to a new pod serving (the lead time: the
+    /// objectives' scale-ups skip the up-window); `fallback_mu`: `status.capacity`'s saturated tokens/s per replica.
     #[allow(clippy::too_many_arguments)]
     pub fn observe(
         &mut self,
