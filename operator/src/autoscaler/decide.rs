@@ -16,6 +16,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use modelfleet_crds::model_deployment::{AutoscalerState, AutoscalingSpec, ScalingCandidate};
+use std::cmp::Ordering;
 
 /// Fleet-wide figures from one metrics pass over the ready replicas.
 #[derive(Clone, Debug, PartialEq)]
@@ -142,57 +143,50 @@ pub fn decide(
     if let Some(up) = objectives_up(spec, sample, (rec, &why), current) {
         return up;
     }
-    let since = |old: &Option<ScalingCandidate>| old.as_ref().map(|c| c.since.clone()).unwrap_or(Time(now));
-    if rec > current {
-        let lowest = state.scale_up.as_ref().map_or(rec, |c| c.replicas.min(rec));
-        let candidate = ScalingCandidate {
-            since: since(&state.scale_up),
-            replicas: lowest,
-        };
-        if elapsed_secs(&candidate.since, now) >= i64::from(spec.scale_up_stabilization_seconds) {
-            let to = candidate.replicas;
+    // A rise waits the up-window and goes to the lowest recommendation seen in it; a fall waits the
+    // down-window and goes to the highest.
+    let (old, keep, window, (moved, pending)) = match rec.cmp(&current) {
+        Ordering::Greater => (
+            state.scale_up.as_ref(),
+            i32::min as fn(i32, i32) -> i32,
+            spec.scale_up_stabilization_seconds,
+            ("scale up", "scale-up pending"),
+        ),
+        Ordering::Less => (
+            state.scale_down.as_ref(),
+            i32::max as fn(i32, i32) -> i32,
+            spec.scale_down_stabilization_seconds,
+            ("scale down", "scale-down pending"),
+        ),
+        Ordering::Equal => {
             return Decision {
-                replicas: to,
+                replicas: current,
                 state: AutoscalerState::default(),
-                reason: format!("scale up: {why}"),
+                reason: format!("steady: {why}"),
             };
         }
-        Decision {
-            replicas: current,
-            state: AutoscalerState {
-                scale_up: Some(candidate),
-                ..Default::default()
-            },
-            reason: format!("scale-up pending: {why}"),
-        }
-    } else if rec < current {
-        let highest = state.scale_down.as_ref().map_or(rec, |c| c.replicas.max(rec));
-        let candidate = ScalingCandidate {
-            since: since(&state.scale_down),
-            replicas: highest,
-        };
-        if elapsed_secs(&candidate.since, now) >= i64::from(spec.scale_down_stabilization_seconds) {
-            let to = candidate.replicas;
-            return Decision {
-                replicas: to,
-                state: AutoscalerState::default(),
-                reason: format!("scale down: {why}"),
-            };
-        }
-        Decision {
-            replicas: current,
-            state: AutoscalerState {
-                scale_down: Some(candidate),
-                ..Default::default()
-            },
-            reason: format!("scale-down pending: {why}"),
-        }
-    } else {
-        Decision {
-            replicas: current,
+    };
+    let candidate = ScalingCandidate {
+        since: old.map_or(Time(now), |c| c.since.clone()),
+        replicas: old.map_or(rec, |c| keep(c.replicas, rec)),
+    };
+    if elapsed_secs(&candidate.since, now) >= i64::from(window) {
+        return Decision {
+            replicas: candidate.replicas,
             state: AutoscalerState::default(),
-            reason: format!("steady: {why}"),
-        }
+            reason: format!("{moved}: {why}"),
+        };
+    }
+    let mut kept = AutoscalerState::default();
+    if rec > current {
+        kept.scale_up = Some(candidate);
+    } else {
+        kept.scale_down = Some(candidate);
+    }
+    Decision {
+        replicas: current,
+        state: kept,
+        reason: format!("{pending}: {why}"),
     }
 }
 
