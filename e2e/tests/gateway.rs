@@ -528,13 +528,7 @@ async fn long_stream(model: &str, i: usize) -> (String, reqwest::Response) {
         .await
         .unwrap_or_else(|e| panic!("stream {i}: {}", error_chain(&e)));
     assert_eq!(r.status(), 200, "stream {i}");
-    let pod = r
-        .headers()
-        .get("x-modelfleet-pod")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    (pod, r)
+    (served_by(&r), r)
 }
 
 /// How a stream ended.

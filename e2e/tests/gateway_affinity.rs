@@ -51,17 +51,13 @@ impl Drop for RoundRobinGateway {
     }
 }
 
-#[tokio::test]
-#[ignore = "needs the local cluster: make e2e"]
-async fn prefix_affinity_beats_round_robin_by_25_points_of_cached_prompt_tokens() {
-    ensure_operator().await;
-    let ns = TestNamespace::new("gwaff");
+/// The deployment `aff` on 3 ready replicas whose KV pools each hold `PREFIXES_PER_POD` system
+/// prompts of `words` words; their names.
+async fn three_sized_replicas(ns: &TestNamespace, served: &str, words: usize) -> BTreeSet<String> {
     let client = client().await;
     let mds: Api<ModelDeployment> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let (dir, digest) = tiny_model(&ns.name);
-    let served = format!("aff-{}", ns.name);
-    let words = 90;
     let md = format!(
         "apiVersion: modelfleet.io/v1alpha1\nkind: ModelDeployment\nmetadata:\n  name: aff\nspec:\n  model:\n    \
          uri: file://{}\n    digest: \"{digest}\"\n    servedName: {served}\n  replicas: 3\n  runtime:\n    threads: 1\n    \
@@ -89,22 +85,11 @@ async fn prefix_affinity_beats_round_robin_by_25_points_of_cached_prompt_tokens(
         (names.len() == 3).then_some(names)
     };
     let names = wait_until("3 ready replicas", Duration::from_secs(180), ready_pods).await;
-    routes_to_all(&gateway_url(), &served, &names).await;
+    routes_to_all(&gateway_url(), served, &names).await;
 
     // Size each pod's pool from a real prompt: PREFIXES_PER_POD system prompts and room for the
     // running requests, so no pod holds all 12 tenants but the fleet does.
-    let http = gateway(Duration::from_secs(60));
-    let (_, prompt_tokens, _, _) = turn(
-        &http,
-        &gateway_url(),
-        &served,
-        &system_prompt("probe", 0, words),
-        &user_turn(0),
-    )
-    .await;
-    let blocks_per_prompt = (prompt_tokens as usize).div_ceil(BLOCK) + 1;
-    let num_blocks = PREFIXES_PER_POD * blocks_per_prompt + CLIENTS * blocks_per_prompt;
-    eprintln!("prompt {prompt_tokens} tokens = {blocks_per_prompt} blocks; {num_blocks} blocks per pod");
+    let num_blocks = pool_blocks(&gateway_url(), served, words, PREFIXES_PER_POD).await;
     mds.patch(
         "aff",
         &PatchParams::default(),
@@ -123,7 +108,7 @@ async fn prefix_affinity_beats_round_robin_by_25_points_of_cached_prompt_tokens(
         ],
         None,
     );
-    let names = wait_until(
+    wait_until(
         "3 ready replicas with the small pool",
         Duration::from_secs(180),
         || async {
@@ -135,7 +120,17 @@ async fn prefix_affinity_beats_round_robin_by_25_points_of_cached_prompt_tokens(
             (all.items.len() == 3).then_some(n)
         },
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make e2e"]
+async fn prefix_affinity_beats_round_robin_by_25_points_of_cached_prompt_tokens() {
+    ensure_operator().await;
+    let ns = TestNamespace::new("gwaff");
+    let served = format!("aff-{}", ns.name);
+    let words = 90;
+    let names = three_sized_replicas(&ns, &served, words).await;
 
     // A request's home: the first pod of the chart gateway's ring from its key.
     let ring = modelfleet_gateway::ring::Ring::new(&names.iter().collect::<Vec<_>>());

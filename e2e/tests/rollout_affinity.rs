@@ -103,14 +103,7 @@ impl Scene {
         .await;
         let names: BTreeSet<String> = names.into_keys().collect();
         routes_to_all(&gateway_url(), &self.served, &names).await;
-        let http = gateway(Duration::from_secs(60));
-        let probe = system_prompt("probe", 0, WORDS_PER_PROMPT);
-        let (_, prompt_tokens, _, _) = turn(&http, &gateway_url(), &self.served, &probe, &user_turn(0)).await;
-        let blocks_per_prompt = (prompt_tokens as usize).div_ceil(BLOCK) + 1;
-        let num_blocks = PREFIXES_PER_POD * blocks_per_prompt + CLIENTS * blocks_per_prompt;
-        eprintln!(
-            "[rollout-affinity] prompt {prompt_tokens} tokens = {blocks_per_prompt} blocks; {num_blocks} per pod"
-        );
+        let num_blocks = pool_blocks(&gateway_url(), &self.served, WORDS_PER_PROMPT, PREFIXES_PER_POD).await;
         // One step, a manual gate. The analysis is loose on purpose: this scenario is about routing,
         // and a gate the analysis failed would roll back before the promote.
         self.patch(json!({"spec": {

@@ -4,7 +4,7 @@
 //! share of prompt tokens the pods served from their prefix cache (their own
 //! `usage.prompt_tokens_details.cached_tokens`).
 
-use super::fleet::{error_chain, gateway};
+use super::fleet::{error_chain, gateway, served_by};
 use super::wait_until;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -91,12 +91,7 @@ pub async fn turn(
         .await
         .unwrap_or_else(|e| panic!("{base}: {}", error_chain(&e)));
     let status = r.status();
-    let pod = r
-        .headers()
-        .get("x-modelfleet-pod")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
+    let pod = served_by(&r);
     let body: Value = r.json().await.expect("a JSON answer");
     assert_eq!(status, 200, "{body}");
     let usage = &body["usage"];
@@ -119,6 +114,18 @@ pub struct RunResult {
     pub tenant_pods: BTreeMap<usize, BTreeSet<String>>,
     /// Seconds to each answer, sorted.
     pub ttft: Vec<f64>,
+}
+
+/// KV blocks for a pod's pool that holds `prefixes` system prompts of `words` words and room for the
+/// running requests of `CLIENTS`, sized from a real prompt sent through `base`.
+pub async fn pool_blocks(base: &str, served: &str, words: usize, prefixes: usize) -> usize {
+    let http = gateway(Duration::from_secs(60));
+    let probe = system_prompt("probe", 0, words);
+    let (_, prompt_tokens, _, _) = turn(&http, base, served, &probe, &user_turn(0)).await;
+    let blocks_per_prompt = (prompt_tokens as usize).div_ceil(BLOCK) + 1;
+    let blocks = (prefixes + CLIENTS) * blocks_per_prompt;
+    eprintln!("prompt {prompt_tokens} tokens = {blocks_per_prompt} blocks; {blocks} blocks per pod");
+    blocks
 }
 
 /// The user message of turn `k`.
