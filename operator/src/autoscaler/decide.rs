@@ -4,9 +4,12 @@
 //! target KV) and the objectives' capacity model ([`super::objectives`]) — each where it is in force —
 //! clamped to [max(min, 1), max] and to at most double the current count (scaling to and from zero is
 //! `controller/zero.rs`'s, on the gateway's demand). A recommendation above the current count
-//! must hold for the scale-up window (the count then goes to the lowest recommendation seen in it); one
-//! below must hold for the scale-down window (the count goes to the highest seen) — the semantics of
-//! HPA's stabilization windows, kept as O(1) state ([`AutoscalerState`]).
+//! must hold for the scale-up window (the count then goes to the lowest recommendation seen in it,
+//! kept as O(1) state in [`AutoscalerState`]). Scaling down follows HPA's rolling stabilization
+//! window: on every pass the count goes to the highest recommendation of the last
+//! `scaleDownStabilizationSeconds` when that is below it ([`DownWindow`], a sliding-window maximum
+//! in the leader's memory) — so 3 → 1 by way of 2 takes one window, not one per step — and only once
+//! a whole window of readings has been seen (a new leader, or a gap in the metrics, starts over).
 //!
 //! The objectives' own scale-up is the exception: taken at once, without the up-window. Their model
 //! already looks ahead (the arrival trend over a pod's lead time) and has its own hysteresis (up at a
@@ -31,6 +34,43 @@ pub struct Sample {
     pub kv_mean: f64,
     /// With objectives: the capacity model's count and why (`None`: not measured yet, which holds).
     pub objectives: Option<(i32, String)>,
+}
+
+/// The recommendations of the last scale-down window, as a sliding-window maximum: entries (time in
+/// seconds, recommendation) oldest first, each recommendation higher than every later one, so the
+/// first entry inside the window is the window's highest. At most one entry per distinct count. Kept
+/// in the leader's memory, not in status: a new leader starts a window of its own.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DownWindow {
+    /// The first reading of this unbroken run of readings.
+    since: Option<i64>,
+    peaks: Vec<(i64, i32)>,
+}
+
+impl DownWindow {
+    /// Notes `rec`, recommended at `now`, for a window of `window` seconds.
+    pub fn observe(&mut self, now: i64, rec: i32, window: i64) {
+        self.since.get_or_insert(now);
+        while self.peaks.last().is_some_and(|&(_, r)| r <= rec) {
+            self.peaks.pop();
+        }
+        self.peaks.push((now, rec));
+        // Entries before the window bound nothing any more (the newest is always inside it).
+        let inside = self.peaks.iter().position(|&(t, _)| t >= now - window);
+        self.peaks.drain(..inside.unwrap_or(self.peaks.len() - 1));
+    }
+
+    /// The highest recommendation of the last `window` seconds, once readings have covered a whole
+    /// window.
+    pub fn highest(&self, now: i64, window: i64) -> Option<i32> {
+        let covered = now - self.since? >= window;
+        covered.then(|| self.peaks.first().map(|p| p.1)).flatten()
+    }
+
+    /// A gap in the readings: the next window starts from scratch.
+    pub fn clear(&mut self) {
+        *self = DownWindow::default();
+    }
 }
 
 /// What one pass decided.
@@ -108,10 +148,12 @@ fn objectives_up(
     })
 }
 
-/// One autoscaler pass: `sample` is None when metrics are missing or stale.
+/// One autoscaler pass: `sample` is None when metrics are missing or stale; `down` is the deployment's
+/// scale-down window, updated.
 pub fn decide(
     spec: &AutoscalingSpec,
     state: &AutoscalerState,
+    down: &mut DownWindow,
     current: i32,
     sample: Option<&Sample>,
     now: Timestamp,
@@ -130,6 +172,7 @@ pub fn decide(
     }
     let Some(sample) = sample else {
         // Never scale down blind; a pending scale-up may still wait for fresh metrics.
+        down.clear();
         return Decision {
             replicas: current,
             state: AutoscalerState {
@@ -140,53 +183,68 @@ pub fn decide(
         };
     };
     let (rec, why) = recommend(sample, spec, current);
+    let down_window = i64::from(spec.scale_down_stabilization_seconds);
+    down.observe(now.as_second(), rec, down_window);
     if let Some(up) = objectives_up(spec, sample, (rec, &why), current) {
         return up;
     }
-    // A rise waits the up-window and goes to the lowest recommendation seen in it; a fall waits the
-    // down-window and goes to the highest.
-    let (old, keep, window, (moved, pending)) = match rec.cmp(&current) {
-        Ordering::Greater => (
-            state.scale_up.as_ref(),
-            i32::min as fn(i32, i32) -> i32,
-            spec.scale_up_stabilization_seconds,
-            ("scale up", "scale-up pending"),
-        ),
-        Ordering::Less => (
-            state.scale_down.as_ref(),
-            i32::max as fn(i32, i32) -> i32,
-            spec.scale_down_stabilization_seconds,
-            ("scale down", "scale-down pending"),
-        ),
-        Ordering::Equal => {
-            return Decision {
-                replicas: current,
+    match rec.cmp(&current) {
+        Ordering::Greater => scale_up(spec, state, rec, current, why, now),
+        Ordering::Less => match down.highest(now.as_second(), down_window) {
+            Some(highest) if highest < current => Decision {
+                replicas: highest,
                 state: AutoscalerState::default(),
-                reason: format!("steady: {why}"),
-            };
-        }
-    };
+                reason: format!("scale down: {why}"),
+            },
+            // Shown in status while the window still holds a higher recommendation, or is not full.
+            _ => Decision {
+                replicas: current,
+                state: AutoscalerState {
+                    scale_down: Some(ScalingCandidate {
+                        since: state.scale_down.as_ref().map_or(Time(now), |c| c.since.clone()),
+                        replicas: down.peaks.first().map_or(rec, |p| p.1),
+                    }),
+                    ..Default::default()
+                },
+                reason: format!("scale-down pending: {why}"),
+            },
+        },
+        Ordering::Equal => Decision {
+            replicas: current,
+            state: AutoscalerState::default(),
+            reason: format!("steady: {why}"),
+        },
+    }
+}
+
+/// A rise waits the up-window and goes to the lowest recommendation seen in it.
+fn scale_up(
+    spec: &AutoscalingSpec,
+    state: &AutoscalerState,
+    rec: i32,
+    current: i32,
+    why: String,
+    now: Timestamp,
+) -> Decision {
+    let old = state.scale_up.as_ref();
     let candidate = ScalingCandidate {
         since: old.map_or(Time(now), |c| c.since.clone()),
-        replicas: old.map_or(rec, |c| keep(c.replicas, rec)),
+        replicas: old.map_or(rec, |c| c.replicas.min(rec)),
     };
-    if elapsed_secs(&candidate.since, now) >= i64::from(window) {
+    if elapsed_secs(&candidate.since, now) >= i64::from(spec.scale_up_stabilization_seconds) {
         return Decision {
             replicas: candidate.replicas,
             state: AutoscalerState::default(),
-            reason: format!("{moved}: {why}"),
+            reason: format!("scale up: {why}"),
         };
-    }
-    let mut kept = AutoscalerState::default();
-    if rec > current {
-        kept.scale_up = Some(candidate);
-    } else {
-        kept.scale_down = Some(candidate);
     }
     Decision {
         replicas: current,
-        state: kept,
-        reason: format!("{pending}: {why}"),
+        state: AutoscalerState {
+            scale_up: Some(candidate),
+            ..Default::default()
+        },
+        reason: format!("scale-up pending: {why}"),
     }
 }
 
@@ -247,12 +305,13 @@ mod tests {
     #[test]
     fn scale_up_waits_for_the_window_and_takes_the_lowest_recommendation() {
         let s = spec(1, 10, 10, 60);
+        let mut w = DownWindow::default();
         let mut state = AutoscalerState::default();
-        let d = decide(&s, &state, 2, Some(&sample(2, 16.0, 0.1)), at(0)); // rec 4
+        let d = decide(&s, &state, &mut w, 2, Some(&sample(2, 16.0, 0.1)), at(0)); // rec 4
         assert_eq!(d.replicas, 2);
         assert_eq!(d.state.scale_up.as_ref().unwrap().replicas, 4);
         state = d.state;
-        let d = decide(&s, &state, 2, Some(&sample(2, 12.0, 0.1)), at(5)); // rec 3: lowest so far
+        let d = decide(&s, &state, &mut w, 2, Some(&sample(2, 12.0, 0.1)), at(5)); // rec 3: lowest so far
         assert_eq!((d.replicas, d.state.scale_up.as_ref().unwrap().replicas), (2, 3));
         assert_eq!(
             d.state.scale_up.as_ref().unwrap().since,
@@ -260,7 +319,7 @@ mod tests {
             "the window keeps its start"
         );
         state = d.state;
-        let d = decide(&s, &state, 2, Some(&sample(2, 16.0, 0.1)), at(10));
+        let d = decide(&s, &state, &mut w, 2, Some(&sample(2, 16.0, 0.1)), at(10));
         assert_eq!(d.replicas, 3);
         assert_eq!(d.state, AutoscalerState::default());
         assert!(d.reason.starts_with("scale up"), "{}", d.reason);
@@ -269,35 +328,39 @@ mod tests {
     #[test]
     fn a_dip_resets_the_scale_up_window() {
         let s = spec(1, 10, 10, 60);
+        let mut w = DownWindow::default();
         let d = decide(
             &s,
             &AutoscalerState::default(),
+            &mut w,
             2,
             Some(&sample(2, 16.0, 0.1)),
             at(0),
         );
-        let d = decide(&s, &d.state, 2, Some(&sample(2, 8.0, 0.1)), at(5)); // rec 2 == current
+        let d = decide(&s, &d.state, &mut w, 2, Some(&sample(2, 8.0, 0.1)), at(5)); // rec 2 == current
         assert_eq!(d.state, AutoscalerState::default());
-        let d = decide(&s, &d.state, 2, Some(&sample(2, 16.0, 0.1)), at(10));
+        let d = decide(&s, &d.state, &mut w, 2, Some(&sample(2, 16.0, 0.1)), at(10));
         assert_eq!(d.replicas, 2, "the window restarted at t=10");
     }
 
     #[test]
     fn scale_down_needs_consistently_lower_recommendations() {
         let s = spec(1, 10, 0, 60);
+        let mut w = DownWindow::default();
         let d = decide(
             &s,
             &AutoscalerState::default(),
+            &mut w,
             4,
             Some(&sample(4, 0.0, 0.0)),
             at(0),
         ); // rec 1
         assert_eq!(d.replicas, 4);
-        let d = decide(&s, &d.state, 4, Some(&sample(4, 8.0, 0.0)), at(30)); // rec 2: highest so far
+        let d = decide(&s, &d.state, &mut w, 4, Some(&sample(4, 8.0, 0.0)), at(30)); // rec 2: highest so far
         assert_eq!(d.state.scale_down.as_ref().unwrap().replicas, 2);
-        let d = decide(&s, &d.state, 4, Some(&sample(4, 0.0, 0.0)), at(59));
+        let d = decide(&s, &d.state, &mut w, 4, Some(&sample(4, 0.0, 0.0)), at(59));
         assert_eq!(d.replicas, 4);
-        let d = decide(&s, &d.state, 4, Some(&sample(4, 0.0, 0.0)), at(60));
+        let d = decide(&s, &d.state, &mut w, 4, Some(&sample(4, 0.0, 0.0)), at(60));
         assert_eq!(
             d.replicas, 2,
             "goes to the highest recommendation seen in the window"
@@ -305,17 +368,94 @@ mod tests {
     }
 
     #[test]
+    fn the_down_window_rolls_three_to_one_by_way_of_two_takes_one_window() {
+        // Queue target 4: 8 waiting recommend 2, none recommend 1. The load falls to 2's worth at
+        // t=0 and to 1's at t=10; the window is 30 s.
+        let s = spec(1, 10, 0, 30);
+        let mut w = DownWindow::default();
+        let mut state = AutoscalerState::default();
+        let mut current = 3;
+        let mut moves = Vec::new();
+        for t in (-30..=60).step_by(3) {
+            let waiting = match t {
+                ..0 => 12.0,
+                0..10 => 8.0,
+                _ => 0.0,
+            };
+            let d = decide(
+                &s,
+                &state,
+                &mut w,
+                current,
+                Some(&sample(current, waiting, 0.0)),
+                at(t),
+            );
+            if d.replicas != current {
+                moves.push((t, d.replicas));
+            }
+            (state, current) = (d.state, d.replicas);
+        }
+        // 2 once the window holds nothing above 2 (the last 3 was at t=-3); 1 once the last 2 (t=9)
+        // left it — 12 s after the first step, not a whole window.
+        assert_eq!(moves, vec![(30, 2), (42, 1)]);
+    }
+
+    #[test]
+    fn the_down_window_needs_a_whole_window_of_readings() {
+        let s = spec(1, 10, 0, 30);
+        let mut w = DownWindow::default();
+        let idle = sample(3, 0.0, 0.0);
+        let d = decide(&s, &AutoscalerState::default(), &mut w, 3, Some(&idle), at(0));
+        assert_eq!(d.replicas, 3);
+        assert_eq!(d.state.scale_down.as_ref().unwrap().replicas, 1, "pending, shown");
+        let d = decide(&s, &d.state, &mut w, 3, None, at(15)); // a gap: start over
+        assert_eq!(d.replicas, 3);
+        let d = decide(&s, &d.state, &mut w, 3, Some(&idle), at(18));
+        assert_eq!(d.replicas, 3);
+        let d = decide(&s, &d.state, &mut w, 3, Some(&idle), at(47));
+        assert_eq!(d.replicas, 3, "29 s of readings since the gap");
+        let d = decide(&s, &d.state, &mut w, 3, Some(&idle), at(48));
+        assert_eq!(d.replicas, 1);
+    }
+
+    #[test]
+    fn the_down_window_is_a_sliding_maximum() {
+        let mut w = DownWindow::default();
+        for (t, rec) in [(0, 4), (5, 2), (10, 3), (15, 1), (20, 1)] {
+            w.observe(t, rec, 10);
+        }
+        // Inside [10, 20]: 3 at 10, then 1s.
+        assert_eq!(w.highest(20, 10), Some(3));
+        assert_eq!(
+            w.peaks,
+            vec![(10, 3), (20, 1)],
+            "one entry per count, newest last"
+        );
+        w.observe(21, 1, 10);
+        assert_eq!(w.highest(21, 10), Some(1), "the 3 left the window");
+        assert_eq!(w.highest(21, 30), None, "21 s of readings do not cover 30");
+    }
+
+    #[test]
     fn the_objectives_scale_up_at_once_the_queue_waits_its_window() {
         let mut s = spec(1, 10, 15, 60);
+        let mut w = DownWindow::default();
         let queue_only = sample(2, 16.0, 0.1); // the queue asks for 4
-        let d = decide(&s, &AutoscalerState::default(), 2, Some(&queue_only), at(0));
+        let d = decide(
+            &s,
+            &AutoscalerState::default(),
+            &mut w,
+            2,
+            Some(&queue_only),
+            at(0),
+        );
         assert_eq!(d.replicas, 2, "the queue's scale-up waits: {}", d.reason);
         s.objectives = Some(serde_json::from_value(serde_json::json!({"ttftP95": "1s"})).unwrap());
         let ahead = Sample {
             objectives: Some((3, "projected".into())),
             ..queue_only.clone()
         };
-        let d = decide(&s, &AutoscalerState::default(), 2, Some(&ahead), at(0));
+        let d = decide(&s, &AutoscalerState::default(), &mut w, 2, Some(&ahead), at(0));
         assert_eq!(d.replicas, 3, "the objectives' count at once, not the queue's 4");
         assert!(d.reason.starts_with("scale up (objectives"), "{}", d.reason);
         assert_eq!(d.state, AutoscalerState::default());
@@ -325,7 +465,7 @@ mod tests {
             ..queue_only.clone()
         };
         assert_eq!(
-            decide(&s, &AutoscalerState::default(), 2, Some(&far), at(0)).replicas,
+            decide(&s, &AutoscalerState::default(), &mut w, 2, Some(&far), at(0)).replicas,
             4
         );
         // Not above the current count: the windows as before (a scale-down still waits its window).
@@ -334,7 +474,7 @@ mod tests {
             ..sample(3, 0.0, 0.0)
         };
         assert_eq!(
-            decide(&s, &AutoscalerState::default(), 3, Some(&down), at(0)).replicas,
+            decide(&s, &AutoscalerState::default(), &mut w, 3, Some(&down), at(0)).replicas,
             3
         );
     }
@@ -342,9 +482,11 @@ mod tests {
     #[test]
     fn missing_metrics_never_scale_down() {
         let s = spec(1, 10, 0, 0);
+        let mut w = DownWindow::default();
         let d = decide(
             &s,
             &AutoscalerState::default(),
+            &mut w,
             4,
             Some(&sample(4, 0.0, 0.0)),
             at(0),
@@ -353,7 +495,7 @@ mod tests {
             d.replicas, 1,
             "with a zero window an idle fleet scales down at once"
         );
-        let d = decide(&s, &AutoscalerState::default(), 4, None, at(0));
+        let d = decide(&s, &AutoscalerState::default(), &mut w, 4, None, at(0));
         assert_eq!(d.replicas, 4);
         assert!(d.state.scale_down.is_none());
     }
@@ -361,12 +503,13 @@ mod tests {
     #[test]
     fn bounds_apply_immediately() {
         let s = spec(2, 3, 600, 600);
+        let mut w = DownWindow::default();
         assert_eq!(
-            decide(&s, &AutoscalerState::default(), 1, None, at(0)).replicas,
+            decide(&s, &AutoscalerState::default(), &mut w, 1, None, at(0)).replicas,
             2
         );
         assert_eq!(
-            decide(&s, &AutoscalerState::default(), 7, None, at(0)).replicas,
+            decide(&s, &AutoscalerState::default(), &mut w, 7, None, at(0)).replicas,
             3
         );
     }

@@ -10,7 +10,7 @@
 //! rewrite status on every tick. A new leader resumes the candidates from status with their windows
 //! restarted, which can delay a scale-down or scale-up by one window but never makes one premature.
 
-use super::decide::{Decision, Sample, decide};
+use super::decide::{Decision, DownWindow, Sample, decide};
 use super::gateway::Demand;
 use super::latency::PodCounters;
 use super::metrics::{aggregate, query_prometheus, scrape_direct};
@@ -53,6 +53,8 @@ pub struct Memory {
     pub sampled: Instant,
     /// The authoritative stabilization-window state.
     pub state: AutoscalerState,
+    /// The scale-down window's recommendations.
+    pub down: DownWindow,
     /// The gateway's request counter for this deployment at the last reading (`minReplicas: 0` only):
     /// unchanged means nothing arrived.
     pub gateway_requests: Option<f64>,
@@ -231,6 +233,7 @@ impl Autoscaler {
             Memory {
                 sampled: Instant::now(),
                 state: state.clone(),
+                down: DownWindow::default(),
                 gateway_requests: None,
                 sizing: Sizing::default(),
             },
@@ -279,7 +282,11 @@ impl Autoscaler {
                 Ok((sample, None)) => Ok(sample),
                 Err(e) => Err(e),
             };
-            let mut decision = decide(spec, state, current, sample.as_ref().ok(), now);
+            let mut down = self.memory().get(key).map(|m| m.down.clone()).unwrap_or_default();
+            let mut decision = decide(spec, state, &mut down, current, sample.as_ref().ok(), now);
+            if let Some(m) = self.memory().get_mut(key) {
+                m.down = down;
+            }
             if to_zero {
                 let previous = self.memory().get(key).and_then(|m| m.gateway_requests);
                 let idle = zero::is_idle(sample.as_ref().ok(), demand_ok, previous);
