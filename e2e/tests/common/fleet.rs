@@ -46,9 +46,9 @@ pub fn tiny_model(ns: &str) -> (PathBuf, String) {
 }
 
 /// A gateway client: requests wait up to `timeout` (a cold start takes a while). Idle connections are
-/// dropped after 5 s: the gateway closes a keep-alive connection idle for 10 s (its header-read
-/// timeout), and a client that reuses one as it closes sees "connection closed before message
-/// completed" (a race every HTTP/1.1 client has; docs/gateway.md).
+/// dropped after 5 s, well within the gateway's `--idle-timeout` (120 s): a client that reuses a
+/// connection as the server closes it sees "connection closed before message completed" (a race every
+/// HTTP/1.1 client has; docs/operations.md).
 pub fn gateway(timeout: Duration) -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()

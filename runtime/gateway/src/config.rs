@@ -101,6 +101,10 @@ pub struct RunArgs {
     /// Seconds a client has to send a request's headers.
     #[arg(long, env = "MODELFLEET_GATEWAY_HEADER_READ_TIMEOUT", default_value_t = 10.0)]
     pub header_read_timeout: f64,
+    /// Seconds a client's keep-alive connection with nothing in flight stays open (longer than
+    /// clients' pool idle timeouts, so clients close idle connections first).
+    #[arg(long, env = "MODELFLEET_GATEWAY_IDLE_TIMEOUT", default_value_t = 120.0)]
+    pub idle_timeout: f64,
     /// Seconds a client has to send a request's body.
     #[arg(long, env = "MODELFLEET_GATEWAY_BODY_READ_TIMEOUT", default_value_t = 30.0)]
     pub body_read_timeout: f64,

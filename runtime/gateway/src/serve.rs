@@ -86,6 +86,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let limits = Limits {
         max_connections: args.max_connections,
         header_read_timeout: secs(args.header_read_timeout),
+        idle_timeout: secs(args.idle_timeout),
         ..Limits::default()
     };
     let metrics_limits = Limits {
@@ -100,6 +101,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     shutdown_signal().await;
     tracing::info!("SIGTERM: /ready is 503; still serving while endpoints drop this replica");
     gw.draining.store(true, Ordering::SeqCst);
+    serving.drain();
     tokio::time::sleep(secs(args.drain_seconds)).await;
     tracing::info!("closing the listeners; requests in flight may finish");
     let grace = secs(args.shutdown_grace_seconds);

@@ -87,7 +87,9 @@ pub struct Gateway {
     pub mirrors: Mirrors,
 }
 
-/// The HTTP client for pods: loopback/cluster traffic only, so no proxy from the environment.
+/// The HTTP client for pods: loopback/cluster traffic only, so no proxy from the environment. Idle
+/// connections are dropped after 30 s, well before a pod's `--idle-timeout` (120 s by default), so the
+/// gateway closes them, never the pod while the gateway sends on one.
 pub fn upstream_client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()

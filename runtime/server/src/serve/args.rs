@@ -194,6 +194,10 @@ pub struct ServeArgs {
     /// Seconds a client has to send a request's headers; slower connections are closed.
     #[arg(long, env = "MODELFLEET_HEADER_READ_TIMEOUT", default_value_t = 10.0)]
     pub header_read_timeout: f64,
+    /// Seconds a keep-alive connection with nothing in flight stays open (longer than clients' pool
+    /// idle timeouts, so clients close idle connections first).
+    #[arg(long, env = "MODELFLEET_IDLE_TIMEOUT", default_value_t = 120.0)]
+    pub idle_timeout: f64,
     /// Most connections open at once on the API port; more are closed as they arrive.
     #[arg(long, env = "MODELFLEET_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,

@@ -206,6 +206,7 @@ impl ServeArgs {
         for (flag, secs) in [
             ("--body-read-timeout", self.body_read_timeout),
             ("--header-read-timeout", self.header_read_timeout),
+            ("--idle-timeout", self.idle_timeout),
         ] {
             if !(secs.is_finite() && secs > 0.0 && secs <= 3600.0) {
                 bail!("{flag} must be in (0, 3600] seconds, got {secs}");
@@ -291,6 +292,7 @@ impl ServeArgs {
         let api = ListenerLimits {
             max_connections: self.max_connections,
             header_read_timeout: Duration::from_secs_f64(self.header_read_timeout),
+            idle_timeout: Duration::from_secs_f64(self.idle_timeout),
             ..ListenerLimits::default()
         };
         ListenSettings {

@@ -144,6 +144,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             bail!("{why}");
         }
     }
+    serving.drain();
     drain(&st, cfg.shutdown_grace).await?;
     serving.stop(Duration::from_secs(5)).await;
     tracing::info!("stopped");
