@@ -554,7 +554,8 @@ pub struct AutoscalerState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_up: Option<ScalingCandidate>,
     /// Recommendations have been below the current count since this candidate's time; its replicas are
-    /// the highest recommendation seen since then (what a scale-down may go to after the down-window).
+    /// the highest recommendation of the last scale-down window (what a scale-down goes to once no
+    /// recommendation of the window is at or above the current count).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_down: Option<ScalingCandidate>,
     /// With `minReplicas: 0`: nothing has been pending, running or arriving since this time (the
