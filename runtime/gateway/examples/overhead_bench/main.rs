@@ -150,6 +150,7 @@ fn main() {
         let limits = Limits {
             max_connections: gw_args.max_connections,
             header_read_timeout: secs(gw_args.header_read_timeout),
+            idle_timeout: secs(gw_args.idle_timeout),
             ..Limits::default()
         };
         tokio::spawn(serve(listener, routes::api(gw), limits, std::future::pending()));
