@@ -22,8 +22,11 @@
 //! only to the count that still meets every objective with [`DOWN_MARGIN`] (hysteresis, before the
 //! scale-down window). Rising load: `Λ` is projected over the horizon (how long a new pod takes to
 //! become Ready: when a scale-up asked for now serves) along the arrival rate's trend, upward only. A
-//! backlog (requests waiting for a batch slot) is demand too: its tokens are to be served within the
-//! horizon, so they add `waiting × output length / horizon`.
+//! backlog (requests waiting for a batch slot) is demand for the time to first token: its tokens are
+//! to be served within the horizon, so they add `waiting × output length / horizon` to the TTFT
+//! objective's `Λ`. Not to the ITL objective's: a token's latency is the step time of the batch that
+//! runs, whose size `maxNumSeqs` bounds however many wait, and a one-off backlog must not buy a
+//! replica that the steady load does not need.
 //!
 //! Invariants: without a measured `μ` the model cannot size down — it scales up in proportion to the
 //! worst objective's overshoot and otherwise holds; an objective no count can meet (`L₀ ≥ (1 − m)·T`:
@@ -111,7 +114,8 @@ pub fn needed(
         1.0
     };
     let backlog = load.waiting * load.output_tokens / horizon.max(1.0);
-    let projected = now_rate * growth + backlog;
+    let steady = now_rate * growth;
+    let projected = steady + backlog;
     let mut unloaded = remembered;
     let mut replicas = 1;
     let mut why = vec![format!(
@@ -136,7 +140,7 @@ pub fn needed(
             Some(mu) => sized(
                 load,
                 i,
-                (now_rate, projected),
+                (now_rate, if i == 0 { projected } else { steady }),
                 mu,
                 target,
                 current,
@@ -335,13 +339,20 @@ mod tests {
     #[test]
     fn a_backlog_is_demand_and_the_last_seconds_judge_the_model() {
         let remembered = [Some(0.2), Some(0.03)];
-        // 100 requests of 100 tokens waiting, to be served within the 60 s horizon: +166.7 tokens/s,
-        // 566.7 in all. ITL: 566.7/(400·0.583) = 2.43 -> 3; TTFT: 566.7/(400·0.778) = 1.82 -> 2.
+        // 200 requests of 100 tokens waiting, to be served within the 60 s horizon: +333.3 tokens/s,
+        // 733.3 in all, for the TTFT: 733.3/(400·0.778) = 2.36 -> 3. The ITL is sized for what
+        // arrives: 400/(400·0.583) = 1.71 -> 2.
         let mut l = load(2, 400.0, 0.4, 0.06);
-        l.waiting = 100.0;
+        l.waiting = 200.0;
         let n = needed(&l, &BOTH, Some(400.0), 60.0, 2, remembered);
         assert_eq!(n.replicas, 3, "{}", n.why);
-        assert!(n.why.contains("100 waiting -> 566.7 in 60 s"), "{}", n.why);
+        assert!(n.why.contains("200 waiting -> 733.3 in 60 s"), "{}", n.why);
+        let itl_only = Targets {
+            ttft: None,
+            itl: Some(0.08),
+        };
+        let n = needed(&l, &itl_only, Some(400.0), 60.0, 2, remembered);
+        assert_eq!(n.replicas, 2, "a backlog is not ITL demand: {}", n.why);
         // Production above the arrivals is a backlog draining: sized for what arrives (400 tokens/s
         // -> 2), not for the 800 produced (-> 4).
         let draining = Load {
