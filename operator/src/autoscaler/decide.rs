@@ -194,7 +194,9 @@ pub fn decide(
             Some(highest) if highest < current => Decision {
                 replicas: highest,
                 state: AutoscalerState::default(),
-                reason: format!("scale down: {why}"),
+                reason: format!(
+                    "scale down to the highest recommendation of the last {down_window} s: {why}"
+                ),
             },
             // Shown in status while the window still holds a higher recommendation, or is not full.
             _ => Decision {
