@@ -58,6 +58,36 @@ fn status_writes(ns: &str, name: &str, from: u64, to: u64) -> Vec<Value> {
         .collect()
 }
 
+/// The audit log's offset just past the status write of `ns/name` that left it converged (Ready at 3
+/// ready replicas), once that write is in the log. The API server appends a write's audit line after
+/// answering it, so a client can see the converged status before the log holds the write.
+fn converging_write_end(ns: &str, name: &str, from: u64) -> Option<u64> {
+    let mut file = std::fs::File::open(audit_log()).ok()?;
+    file.seek(SeekFrom::Start(from)).ok()?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    let mut end = from;
+    for line in text.split_inclusive('\n') {
+        end += line.len() as u64;
+        let Ok(e) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let o = &e["objectRef"];
+        let status = &e["responseObject"]["status"];
+        let ready = conditions(status).get("Ready").is_some_and(|(s, _)| s == "True");
+        if o["resource"] == "modeldeployments"
+            && o["subresource"] == "status"
+            && o["namespace"] == ns
+            && o["name"] == name
+            && status["readyReplicas"] == 3
+            && ready
+        {
+            return Some(end);
+        }
+    }
+    None
+}
+
 /// Condition type → (status, reason).
 fn conditions(status: &Value) -> BTreeMap<String, (String, String)> {
     status["conditions"]
@@ -191,8 +221,15 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
         || async { md_ready(&mds.get("fleet").await.ok()?).then_some(()) },
     )
     .await;
-    let converged = audit_offset();
     let took = t0.elapsed();
+    let seen = audit_offset();
+    let written = wait_until(
+        "the converging status write in the audit log",
+        Duration::from_secs(30),
+        || async { converging_write_end(&ns.name, "fleet", from) },
+    )
+    .await;
+    let converged = seen.max(written);
     tokio::time::sleep(Duration::from_secs(20)).await;
     let after = audit_offset();
 
@@ -244,7 +281,7 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
     );
     assert!(
         steady.is_empty(),
-        "status written {} times with nothing changing",
+        "status written {} times with nothing changing: {steady:#?}",
         steady.len()
     );
     kubectl_ok(
