@@ -15,7 +15,7 @@ VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="${MODELFLEET_LLAMACPP_CACHE:-$HOME/.cache/modelfleet/llamacpp/$VERSION}"
 JOBS="${JOBS:-$(nproc)}"
 SRC="$CACHE/src"
-BUILD="$CACHE/build"
+BUILD="$CACHE/build-cpu"  # not "build": the GGML_NATIVE builds of earlier versions of this script
 
 if [[ -x "$BUILD/bin/llama-server" && -x "$BUILD/bin/llama-bench" && -x "$BUILD/bin/llama-quantize" \
       && -n "$(ls "$BUILD"/bin/libllama.so* 2>/dev/null)" ]]; then
@@ -45,8 +45,38 @@ if [[ -z "$have" || "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" !
 fi
 
 # Option names as spelled in that tree's CMakeLists (LLAMA_BUILD_UI only exists in newer trees).
-opts=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF
+opts=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF
       -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON)
+
+# The CPU extensions named one by one from /proc/cpuinfo, not GGML_NATIVE: on hosts with AMX flags a
+# native build crashed (SIGSEGV) on q8_0 and ran f16 slower, because the process may not get AMX tile
+# permission (arch_prctl(ARCH_REQ_XCOMP_PERM)); AMX stays off. Every other extension the CPU has is on,
+# so the peer runs at its best here. Each option is set only where this tree defines it.
+flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+has() { [[ "$flags" == *" $1 "* ]]; }
+ggml_opt() { # option cpu-flag...: ON when the CPU has every flag, else OFF
+  local opt=$1; shift
+  grep -q "option($opt " "$LLAMA/ggml/CMakeLists.txt" 2>/dev/null || return 0
+  local v=ON f
+  for f in "$@"; do has "$f" || v=OFF; done
+  opts+=("-D$opt=$v")
+}
+opts+=(-DGGML_NATIVE=OFF)
+ggml_opt GGML_SSE42 sse4_2
+ggml_opt GGML_AVX avx
+ggml_opt GGML_AVX2 avx2
+ggml_opt GGML_BMI2 bmi2
+ggml_opt GGML_FMA fma
+ggml_opt GGML_F16C f16c
+ggml_opt GGML_AVX_VNNI avx_vnni
+ggml_opt GGML_AVX512 avx512f avx512bw avx512dq avx512vl avx512cd
+ggml_opt GGML_AVX512_VBMI avx512vbmi
+ggml_opt GGML_AVX512_VNNI avx512_vnni
+ggml_opt GGML_AVX512_BF16 avx512_bf16
+for amx in GGML_AMX_TILE GGML_AMX_INT8 GGML_AMX_BF16; do
+  grep -q "option($amx " "$LLAMA/ggml/CMakeLists.txt" 2>/dev/null && opts+=("-D$amx=OFF")
+done
+echo "llama.cpp CPU options: ${opts[*]}" >&2
 grep -q 'LLAMA_CURL' "$LLAMA/CMakeLists.txt" && opts+=(-DLLAMA_CURL=OFF)
 grep -q 'LLAMA_BUILD_UI' "$LLAMA/CMakeLists.txt" && opts+=(-DLLAMA_BUILD_UI=OFF)
 grep -q 'GGML_OPENMP' "$LLAMA/ggml/CMakeLists.txt" 2>/dev/null && opts+=(-DGGML_OPENMP=ON)

@@ -1,9 +1,11 @@
-//! Times one product `rows × k` by `n × k` weights (f16 and q8_0) with the CPU kernels, for a few row
-//! counts: the per-row cost shows whether multi-row tiles amortise the weight reads.
+//! Times one product `rows × k` by `n × k` weights (f32, f16 and q8_0 unless `MM_DTYPES` names others:
+//! `MM_DTYPES=q4_K,q6_K,q5_0`) with the CPU kernels, for a few row counts: the per-row cost shows
+//! whether multi-row tiles amortise the weight reads.
 //!
 //! `cargo run --release -p modelfleet-kernels --example mm_bench -- [K N THREADS [COPIES]]` (COPIES
 //! distinct weight matrices used in turn; enough of them to overflow the caches time products whose
-//! weights stream from memory, as in decode)
+//! weights stream from memory, as in decode). Formats without a quantizer here (all quantized ones but
+//! q8_0 and q4_0) get seeded random blocks with sane scales: the timing does not depend on the values.
 
 use modelfleet_kernels::cpu::CpuKernels;
 use modelfleet_kernels::{DType, HostWeight, Kernels, QuantKind};
@@ -21,11 +23,13 @@ fn main() {
     let vals: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5)
         .collect();
-    for dtype in [DType::F32, DType::F16, DType::Quant(QuantKind::Q8_0)] {
+    let names = std::env::var("MM_DTYPES").unwrap_or_else(|_| "f32,f16,q8_0".into());
+    for name in names.split(',') {
+        let dtype = parse_dtype(name);
         // `copies` distinct matrices used in turn: more than fit in the caches measures products that
         // stream their weights from memory, as decode does.
         let ws: Vec<_> = (0..copies)
-            .map(|_| kern.upload(&HostWeight::from_f32_as(&vals, n, k, dtype).unwrap()))
+            .map(|_| kern.upload(&weight(&vals, n, k, dtype)))
             .collect();
         for rows in [1usize, 4, 16, 64] {
             let x = vec![0.25f32; rows * k];
@@ -53,4 +57,54 @@ fn main() {
             );
         }
     }
+}
+
+/// A dtype by its GGML name.
+fn parse_dtype(name: &str) -> DType {
+    let q = match name {
+        "f32" => return DType::F32,
+        "f16" => return DType::F16,
+        "bf16" => return DType::BF16,
+        "q8_0" => QuantKind::Q8_0,
+        "q4_0" => QuantKind::Q4_0,
+        "q4_1" => QuantKind::Q4_1,
+        "q5_0" => QuantKind::Q5_0,
+        "q5_1" => QuantKind::Q5_1,
+        "q4_K" => QuantKind::Q4K,
+        "q6_K" => QuantKind::Q6K,
+        other => panic!("MM_DTYPES: unknown dtype {other:?}"),
+    };
+    DType::Quant(q)
+}
+
+/// `vals` as an `n × k` matrix of `dtype`: quantized where a quantizer exists, else random blocks.
+fn weight(vals: &[f32], n: usize, k: usize, dtype: DType) -> HostWeight {
+    let q = match dtype {
+        DType::Quant(q) if !matches!(q, QuantKind::Q8_0 | QuantKind::Q4_0) => q,
+        _ => return HostWeight::from_f32_as(vals, n, k, dtype).unwrap(),
+    };
+    let (bb, count) = (q.block_bytes(), n * k / q.block_elems());
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut bytes: Vec<u8> = (0..bb * count)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 56) as u8
+        })
+        .collect();
+    // Finite f16 scales (and minimums) where each format keeps them.
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    let offsets: &[usize] = match q {
+        QuantKind::Q6K => &[208],
+        QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K => &[0, 2],
+        _ => &[0],
+    };
+    for blk in bytes.chunks_exact_mut(bb) {
+        for &o in offsets {
+            blk[o..o + 2].copy_from_slice(&scale);
+        }
+    }
+    let len = bytes.len();
+    HostWeight::new(std::sync::Arc::new(bytes), 0, len, dtype, n, k).unwrap()
 }

@@ -1,11 +1,11 @@
-//! GGML block-quantized weight formats (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): block geometry, dequantization
+//! GGML block-quantized weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K): block geometry, dequantization
 //! to f32, and the simple quantizers (`Q8_0`, `Q4_0`) `gen-model` and tests use.
 //!
 //! Invariants: layouts are exactly ggml's (`ggml-common.h`: `block_q4_0` … `block_q6_K`), little-endian,
 //! read byte-wise so blocks need no alignment; dequantization performs the same f32 operations, in the
 //! same order, as ggml's reference `dequantize_row_*` (checked against candle's independent port in the
-//! tests), so a weight means the same number here as in llama.cpp. Kernels multiply dequantized f32
-//! values ("compute in f32 from quantized weights").
+//! tests), so a weight means the same number here as in llama.cpp. The portable kernels multiply these
+//! f32 values; with AVX2 every format takes integer products instead (`cpu::qdot`).
 
 use half::f16;
 
@@ -16,6 +16,10 @@ pub enum QuantKind {
     Q4_0,
     /// 32 weights: f16 scale and minimum, 4-bit values.
     Q4_1,
+    /// 32 weights: f16 scale, 5-bit values offset by 16 (the fifth bits packed in a `u32`).
+    Q5_0,
+    /// 32 weights: f16 scale and minimum, 5-bit values (the fifth bits packed in a `u32`).
+    Q5_1,
     /// 32 weights: f16 scale, 8-bit values.
     Q8_0,
     /// 256 weights: super-block scale/min, 8 sub-blocks with 6-bit scales and mins, 4-bit values.
@@ -28,7 +32,7 @@ impl QuantKind {
     /// Weights per block.
     pub const fn block_elems(self) -> usize {
         match self {
-            QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::Q8_0 => 32,
+            QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::Q5_0 | QuantKind::Q5_1 | QuantKind::Q8_0 => 32,
             QuantKind::Q4K | QuantKind::Q6K => 256,
         }
     }
@@ -38,6 +42,8 @@ impl QuantKind {
         match self {
             QuantKind::Q4_0 => 18,
             QuantKind::Q4_1 => 20,
+            QuantKind::Q5_0 => 22,
+            QuantKind::Q5_1 => 24,
             QuantKind::Q8_0 => 34,
             QuantKind::Q4K => 144,
             QuantKind::Q6K => 210,
@@ -49,6 +55,8 @@ impl QuantKind {
         match self {
             QuantKind::Q4_0 => "q4_0",
             QuantKind::Q4_1 => "q4_1",
+            QuantKind::Q5_0 => "q5_0",
+            QuantKind::Q5_1 => "q5_1",
             QuantKind::Q8_0 => "q8_0",
             QuantKind::Q4K => "q4_K",
             QuantKind::Q6K => "q6_K",
@@ -77,6 +85,30 @@ pub fn dequantize_block(kind: QuantKind, b: &[u8], out: &mut [f32]) {
             for j in 0..16 {
                 out[j] = (b[4 + j] & 0x0F) as f32 * d + m;
                 out[j + 16] = (b[4 + j] >> 4) as f32 * d + m;
+            }
+        }
+        QuantKind::Q5_0 | QuantKind::Q5_1 => {
+            // ggml's `dequantize_row_q5_{0,1}`: bit j of `qh` is element j's fifth bit.
+            let (d, m, at) = if kind == QuantKind::Q5_0 {
+                (f16_at(b, 0), 0.0, 2)
+            } else {
+                (f16_at(b, 0), f16_at(b, 2), 4)
+            };
+            let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            let qs = &b[at + 4..at + 20];
+            let off = if kind == QuantKind::Q5_0 { 16 } else { 0 };
+            for j in 0..16 {
+                let h0 = ((qh >> j) << 4) & 0x10;
+                let h1 = (qh >> (j + 12)) & 0x10;
+                let x0 = ((qs[j] & 0x0F) as u32 | h0) as i32 - off;
+                let x1 = ((qs[j] >> 4) as u32 | h1) as i32 - off;
+                if kind == QuantKind::Q5_0 {
+                    out[j] = x0 as f32 * d;
+                    out[j + 16] = x1 as f32 * d;
+                } else {
+                    out[j] = x0 as f32 * d + m;
+                    out[j + 16] = x1 as f32 * d + m;
+                }
             }
         }
         QuantKind::Q8_0 => {
@@ -126,7 +158,7 @@ pub fn dequantize_block(kind: QuantKind, b: &[u8], out: &mut [f32]) {
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` of a Q4_K block.
 #[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -178,38 +210,11 @@ pub fn quantize_q4_0(values: &[f32]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::quantized::k_quants::{BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ6K, BlockQ8_0, GgmlType};
+    use candle_core::quantized::k_quants::{
+        BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType,
+    };
 
-    fn bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut s = seed | 1;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (s >> 56) as u8
-            })
-            .collect()
-    }
-
-    /// Random blocks with sane f16 scales (random bits could be NaN).
-    fn blocks(kind: QuantKind, n: usize) -> Vec<u8> {
-        let mut b = bytes(kind.block_bytes() as u64, n * kind.block_bytes());
-        for (i, blk) in b.chunks_exact_mut(kind.block_bytes()).enumerate() {
-            let d = f16::from_f32(0.01 + i as f32 * 0.003).to_le_bytes();
-            let m = f16::from_f32(-0.05 + i as f32 * 0.01).to_le_bytes();
-            let at = |blk: &mut [u8], o: usize, v: [u8; 2]| blk[o..o + 2].copy_from_slice(&v);
-            match kind {
-                QuantKind::Q4_0 | QuantKind::Q8_0 => at(blk, 0, d),
-                QuantKind::Q4_1 | QuantKind::Q4K => {
-                    at(blk, 0, d);
-                    at(blk, 2, m);
-                }
-                QuantKind::Q6K => at(blk, 208, d),
-            }
-        }
-        b
-    }
+    use super::test_blocks::{blocks, bytes};
 
     fn candle_dequant<T: GgmlType>(b: &[u8], n: usize) -> Vec<f32> {
         assert_eq!(std::mem::size_of::<T>() * n, b.len());
@@ -226,6 +231,8 @@ mod tests {
         for kind in [
             QuantKind::Q4_0,
             QuantKind::Q4_1,
+            QuantKind::Q5_0,
+            QuantKind::Q5_1,
             QuantKind::Q8_0,
             QuantKind::Q4K,
             QuantKind::Q6K,
@@ -237,6 +244,8 @@ mod tests {
             let theirs = match kind {
                 QuantKind::Q4_0 => candle_dequant::<BlockQ4_0>(&b, n),
                 QuantKind::Q4_1 => candle_dequant::<BlockQ4_1>(&b, n),
+                QuantKind::Q5_0 => candle_dequant::<BlockQ5_0>(&b, n),
+                QuantKind::Q5_1 => candle_dequant::<BlockQ5_1>(&b, n),
                 QuantKind::Q8_0 => candle_dequant::<BlockQ8_0>(&b, n),
                 QuantKind::Q4K => candle_dequant::<BlockQ4K>(&b, n),
                 QuantKind::Q6K => candle_dequant::<BlockQ6K>(&b, n),
@@ -279,5 +288,44 @@ mod tests {
         // SAFETY: as in `candle_dequant`.
         unsafe { std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), n * std::mem::size_of::<T>()) }
             .to_vec()
+    }
+}
+
+/// Seeded random blocks of every format, for the tests here and the kernels'.
+#[cfg(test)]
+pub(crate) mod test_blocks {
+    use super::QuantKind;
+    use half::f16;
+
+    /// `n` pseudo-random bytes from `seed`.
+    pub(crate) fn bytes(seed: u64, n: usize) -> Vec<u8> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 56) as u8
+            })
+            .collect()
+    }
+
+    /// `n` random blocks of `kind` with sane f16 scales (random bits could be NaN).
+    pub(crate) fn blocks(kind: QuantKind, n: usize) -> Vec<u8> {
+        let mut b = bytes(kind.block_bytes() as u64, n * kind.block_bytes());
+        for (i, blk) in b.chunks_exact_mut(kind.block_bytes()).enumerate() {
+            let d = f16::from_f32(0.01 + i as f32 * 0.003).to_le_bytes();
+            let m = f16::from_f32(-0.05 + i as f32 * 0.01).to_le_bytes();
+            let at = |blk: &mut [u8], o: usize, v: [u8; 2]| blk[o..o + 2].copy_from_slice(&v);
+            match kind {
+                QuantKind::Q4_0 | QuantKind::Q5_0 | QuantKind::Q8_0 => at(blk, 0, d),
+                QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K => {
+                    at(blk, 0, d);
+                    at(blk, 2, m);
+                }
+                QuantKind::Q6K => at(blk, 208, d),
+            }
+        }
+        b
     }
 }

@@ -1,4 +1,5 @@
-//! Integer dot products for Q8_0, Q4_0 and Q4_1 weights (AVX2), as ggml's CPU backend computes them:
+//! Integer dot products for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights (AVX2), as ggml's CPU
+//! backend computes them:
 //! each activation row is quantized once per matmul to 8-bit blocks of 32 (scale `d = max|x| / 127`,
 //! values rounded to nearest), then every block's dot product is an exact integer sum
 //! (`_mm256_maddubs_epi16` + `_mm256_madd_epi16`) scaled once by `d_w · d_x`. That is about half the
@@ -9,6 +10,13 @@
 //! it lands in, so batch invariance holds; the integer sums are exact (no i16 saturation: |q4| ≤ 15
 //! and |q8| ≤ 128 keep each pair ≤ 32,512); the arithmetic is ggml's AVX2 `vec_dot_q{4_0,4_1,8_0}_q8_{0,1}`
 //! (Q4_0 weights offset by −8 before the signed product; Q4_1's minimum through the block's `s`).
+//!
+//! Every format is read in units of 32 weights, one per activation block: a whole block of the 32-weight
+//! formats, a sub-block of Q4_K (its own 6-bit scale and minimum) or two 16-weight sub-blocks of Q6_K
+//! (their two 8-bit scales applied to the pair sums by `madd` in place of ones). Q4_K and Q6_K differ
+//! from ggml's there: ggml quantizes the activations in blocks of 256 (`block_q8_K`, one scale), we in
+//! blocks of 32 (a finer scale, so no less accurate). |q5| ≤ 31 and |q6| ≤ 32 keep the i16 pair sums
+//! exact as above.
 
 use crate::quant::QuantKind;
 
@@ -29,7 +37,16 @@ pub(crate) struct Q8Block {
 pub(crate) fn supported(isa: super::simd::Isa, kind: QuantKind) -> bool {
     cfg!(target_arch = "x86_64")
         && isa.has_avx2()
-        && matches!(kind, QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::Q8_0)
+        && matches!(
+            kind,
+            QuantKind::Q4_0
+                | QuantKind::Q4_1
+                | QuantKind::Q5_0
+                | QuantKind::Q5_1
+                | QuantKind::Q8_0
+                | QuantKind::Q4K
+                | QuantKind::Q6K
+        )
 }
 
 /// Quantizes `rows` rows of `k` (a multiple of 32) activations into `k / 32` blocks each, with AVX2
@@ -88,14 +105,12 @@ pub(crate) fn dot_tile(kind: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &m
     {
         let nb = ws.first().map_or(0, |w| w.len() / kind.block_bytes());
         debug_assert!(super::simd::Isa::Avx2.is_available(), "dot_tile without AVX2");
-        // The format check matters for memory safety: `tile_dispatch!` runs any other kind as Q4_1,
-        // whose 20-byte blocks would make it read more of `xs` than the length check below allows.
+        let units = nb * kind.block_elems() / 32;
         assert!(
-            matches!(kind, QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q4_1)
-                && (1..=4).contains(&xs.len())
+            (1..=4).contains(&xs.len())
                 && (1..=2).contains(&ws.len())
                 && ws.iter().all(|w| w.len() == nb * kind.block_bytes())
-                && xs.iter().all(|x| x.len() >= nb),
+                && xs.iter().all(|x| x.len() >= units),
             "dot_tile shapes"
         );
         // SAFETY: callers check `supported` (AVX2 detected); lengths checked above.
@@ -115,25 +130,50 @@ pub(super) const Q8_0: u8 = 0;
 pub(super) const Q4_0: u8 = 1;
 /// See [`Q8_0`].
 pub(super) const Q4_1: u8 = 2;
+/// See [`Q8_0`].
+pub(super) const Q5_0: u8 = 3;
+/// See [`Q8_0`].
+pub(super) const Q5_1: u8 = 4;
+/// See [`Q8_0`].
+#[allow(non_upper_case_globals)]
+pub(super) const Q4K: u8 = 5;
+/// See [`Q8_0`].
+#[allow(non_upper_case_globals)]
+pub(super) const Q6K: u8 = 6;
 
 /// Bytes per block of the format `code`.
 pub(super) const fn code_block_bytes(code: u8) -> usize {
     match code {
         Q8_0 => 34,
         Q4_0 => 18,
-        _ => 20,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        Q4K => 144,
+        _ => 210,
     }
 }
 
-/// `$tile::<K, R, C>(ws, xs)` for the format of `$kind`, `R = $xs.len()` (1–4) and `C = $ws.len()`
-/// (one of `$c…`, else `$last`), its `R × C` results copied into `$out`: the dispatch both integer
-/// tile families share (`$tile` must be in scope at the call, with the format codes).
+/// Units of 32 weights per block of the format `code`.
+pub(super) const fn code_units(code: u8) -> usize {
+    if matches!(code, Q4K | Q6K) { 8 } else { 1 }
+}
+
+/// Whether the format `code` stores signed values (the others add a minimum: `w = d·q + m`).
+pub(super) const fn code_signed(code: u8) -> bool {
+    matches!(code, Q8_0 | Q4_0 | Q5_0 | Q6K)
+}
+
+/// `$tile::<K, R, C>(ws, xs)` for the format of `$kind` (one of `$f…`, named as the `QuantKind`
+/// variant and its format code; any other panics), `R = $xs.len()` (1–4) and `C = $ws.len()` (one of
+/// `$c…`, else `$last`), its `R × C` results copied into `$out`: the dispatch both integer tile
+/// families share (`$tile` must be in scope at the call, with the format codes).
 macro_rules! tile_dispatch {
-    ($tile:ident, $kind:expr, $ws:ident, $xs:ident, $out:ident, [$($c:literal),*], $last:literal) => {
+    ($tile:ident, $kind:expr, [$($f:ident),*], $ws:ident, $xs:ident, $out:ident, $cols:tt, $last:literal) => {
         match $kind {
-            QuantKind::Q8_0 => tile_dispatch!(@cols $tile, Q8_0, $ws, $xs, $out, [$($c),*], $last),
-            QuantKind::Q4_0 => tile_dispatch!(@cols $tile, Q4_0, $ws, $xs, $out, [$($c),*], $last),
-            _ => tile_dispatch!(@cols $tile, Q4_1, $ws, $xs, $out, [$($c),*], $last),
+            $(QuantKind::$f => tile_dispatch!(@cols $tile, $f, $ws, $xs, $out, $cols, $last),)*
+            #[allow(unreachable_patterns)]
+            other => unreachable!("no integer tile for {other:?}"),
         }
     };
     (@cols $tile:ident, $k:ident, $ws:ident, $xs:ident, $out:ident, [$($c:literal),*], $last:literal) => {
@@ -166,7 +206,7 @@ pub(super) use tile_dispatch;
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
-    use super::{Q4_0, Q4_1, Q8_0, Q8Block, code_block_bytes};
+    use super::{Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q6K, Q8_0, Q8Block, code_block_bytes, code_signed, code_units};
     use crate::quant::QuantKind;
     use std::arch::x86_64::*;
 
@@ -260,15 +300,114 @@ pub(super) mod avx2 {
         }
     }
 
+    /// The fifth bits of a Q5 block's 32 values (bit j of the little-endian `u32` at `p` is value j's)
+    /// as `0x10` or 0 per byte, in element order.
+    ///
+    /// # Safety
+    /// `p..p + 4` must be readable (any alignment) and AVX2 available.
+    #[inline(always)]
+    pub(in crate::cpu) unsafe fn fifth_bits(p: *const u8) -> __m256i {
+        // SAFETY: an unaligned read of the 4 readable bytes at `p` (our contract); the rest is
+        // register-only AVX2, which our contract gives.
+        unsafe {
+            let qh = _mm256_set1_epi32(p.cast::<i32>().read_unaligned());
+            // Byte j takes byte j / 8 of `qh` (each 128-bit lane holds all four), then its bit j % 8.
+            let spread = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3,
+                3,
+            );
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit), bit);
+            _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+        }
+    }
+
+    /// Unit `sub` (of [`code_units`]`(K)`) of the block of format `K` at `p`: its 32 values as bytes in
+    /// element order (signed for [`code_signed`] formats, else unsigned), the scale of its integer sum,
+    /// the factor of the activations' sum it adds (`w = d·q + m`; 0 for the signed formats), and the i16
+    /// multipliers of its 16 pair sums (ones, but for Q6_K the scales of its two 16-value sub-blocks).
+    ///
+    /// # Safety
+    /// `p` points to a whole readable block of format `K` (`code_block_bytes(K)` bytes), `sub <
+    /// code_units(K)`; AVX2 and F16C available.
+    #[inline(always)]
+    pub(in crate::cpu) unsafe fn unit<const K: u8>(p: *const u8, sub: usize) -> (__m256i, f32, f32, __m256i) {
+        // SAFETY: every read stays in the block (our contract): Q8_0 bytes 2..34 of 34; Q4_0 2..18 of
+        // 18; Q4_1 2..20 of 20; Q5_0 2..22 of 22; Q5_1 2..24 of 24; Q4_K 0..16 and, for `sub < 8`,
+        // 16 + 32·(sub/2) + 32 ≤ 144; Q6_K, for `sub < 8`, 64·(sub/4) + 32·(sub%2) + 32 ≤ 128, 128 +
+        // 32·(sub/4) + 32 ≤ 192, 192 + 8·(sub/4) + 2·(sub%4) + 2 ≤ 208 and 208..210. Loads are
+        // unaligned; the intrinsics need AVX2/F16C (our contract).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let low4 = _mm256_set1_epi8(0x0F);
+            match K {
+                Q8_0 => (_mm256_loadu_si256(p.add(2).cast()), f16_at(p), 0.0, ones),
+                Q4_0 => (
+                    _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
+                    f16_at(p),
+                    0.0,
+                    ones,
+                ),
+                Q4_1 => (nibbles(p.add(4)), f16_at(p), f16_at(p.add(2)), ones),
+                Q5_0 => {
+                    let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2)));
+                    (_mm256_sub_epi8(q, _mm256_set1_epi8(16)), f16_at(p), 0.0, ones)
+                }
+                Q5_1 => {
+                    let q = _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4)));
+                    (q, f16_at(p), f16_at(p.add(2)), ones)
+                }
+                Q4K => {
+                    // Sub-blocks 2n and 2n + 1 are the low and high nibbles of bytes 32n..32n + 32.
+                    let qs = _mm256_loadu_si256(p.add(16 + 32 * (sub / 2)).cast());
+                    let q = _mm256_and_si256(
+                        _mm256_srl_epi16(qs, _mm_cvtsi32_si128(4 * (sub as i32 & 1))),
+                        low4,
+                    );
+                    let scales = std::slice::from_raw_parts(p.add(4), 12);
+                    let (sc, mn) = crate::quant::scale_min_k4(sub, scales);
+                    (q, f16_at(p) * sc as f32, -(f16_at(p.add(2)) * mn as f32), ones)
+                }
+                _ => {
+                    // Q6_K: half h = sub / 4 holds values 128h..128h + 128; its i-th 32 (i = sub % 4)
+                    // are the low (i < 2) or high nibbles of `ql[64h + 32(i % 2)..]` with bits 2i, 2i + 1
+                    // of `qh[128 + 32h..]` above them, minus 32; scales `sc[8h + 2i]`, `sc[8h + 2i + 1]`.
+                    let (h, i) = (sub / 4, sub % 4);
+                    let ql = _mm256_loadu_si256(p.add(64 * h + 32 * (i & 1)).cast());
+                    let lo =
+                        _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (i as i32 >> 1))), low4);
+                    let qh = _mm256_loadu_si256(p.add(128 + 32 * h).cast());
+                    let hi = _mm256_and_si256(
+                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * i as i32)),
+                        _mm256_set1_epi8(3),
+                    );
+                    let q = _mm256_sub_epi8(
+                        _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
+                        _mm256_set1_epi8(32),
+                    );
+                    let sc = p.add(192 + 8 * h + 2 * i);
+                    let (a, b) = (sc.read() as i8 as i16, sc.add(1).read() as i8 as i16);
+                    (
+                        q,
+                        f16_at(p.add(208)),
+                        0.0,
+                        _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a)),
+                    )
+                }
+            }
+        }
+    }
+
     /// [`super::dot_tile`] once its shapes are checked.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C must be available; `kind` is Q8_0, Q4_0 or Q4_1; `ws` holds 1–2 rows and `xs`
-    /// 1–4, every `ws[c]` exactly `nb` whole blocks of `kind` and every `xs[r]` at least `nb` blocks
+    /// AVX2, FMA and F16C must be available; `ws` holds 1–2 rows and `xs` 1–4, every `ws[c]` exactly
+    /// `nb` whole blocks of `kind` and every `xs[r]` at least `nb · kind.block_elems() / 32` blocks
     /// (what [`super::dot_tile`] asserts).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_tile(kind: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &mut [[f32; 2]; 4]) {
-        if ws.len() == 1 && xs.len() == 1 {
+        let plain = matches!(kind, QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q4_1);
+        if plain && ws.len() == 1 && xs.len() == 1 {
             // Decode: the plain loop (the generic tile is slower here); the same operations.
             // SAFETY: `dot1` needs only the extensions enabled here, which our caller guarantees
             // (`# Safety`); it reads `ws[0]` block by block with `chunks_exact` and indexes `xs[0]`
@@ -276,7 +415,16 @@ pub(super) mod avx2 {
             out[0][0] = unsafe { dot1(kind, ws[0], xs[0]) };
             return;
         }
-        tile_dispatch!(tile, kind, ws, xs, out, [1], 2)
+        tile_dispatch!(
+            tile,
+            kind,
+            [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q6K],
+            ws,
+            xs,
+            out,
+            [1],
+            2
+        )
     }
 
     /// One activation row against one weight row, with exactly [`tile`]'s operations per block.
@@ -332,7 +480,7 @@ pub(super) mod avx2 {
     /// # Safety
     /// AVX2, FMA and F16C must be available; with `nb = ws[0].len() / code_block_bytes(K)`, every
     /// `ws[c]` (`c < C`) holds at least `nb` blocks of format `K` and every `xs[r]` (`r < R`) at least
-    /// `nb` blocks (`ws` and `xs` themselves are indexed with bounds checks).
+    /// `nb · code_units(K)` blocks (`ws` and `xs` themselves are indexed with bounds checks).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile<const K: u8, const R: usize, const C: usize>(
         ws: &[&[u8]],
@@ -340,55 +488,47 @@ pub(super) mod avx2 {
     ) -> [[f32; C]; R] {
         use crate::cpu::simd::{Avx2, Simd};
         let bb = code_block_bytes(K);
-        let nb = ws[0].len() / bb;
-        // SAFETY: for `b < nb`, block `b` of `ws[c]` starts at `b · bb` and lies inside it (our
-        // contract), and the reads within a block end at its byte 34 (Q8_0), 18 (Q4_0) or 20 (Q4_1) —
-        // its size `bb` — as in `dot1`; `xs[r].as_ptr().add(b)` is one of its at least `nb` blocks,
-        // aligned as an element of a `&[Q8Block]`, and `qs` is read unaligned; the extensions are
-        // enabled here and guaranteed by our caller (`# Safety`).
+        let per = code_units(K);
+        let units = ws[0].len() / bb * per;
+        // SAFETY: for `u < units`, block `u / per` of `ws[c]` starts at `(u / per) · bb` and lies inside
+        // it (our contract), and `unit` reads only that block (its `# Safety`, with `u % per <
+        // code_units(K)`); `xs[r].as_ptr().add(u)` is one of its at least `units` blocks, aligned as
+        // an element of a `&[Q8Block]`, and `qs` is read unaligned; the extensions are enabled here
+        // and guaranteed by our caller (`# Safety`).
         unsafe {
-            let ones = _mm256_set1_epi16(1);
-            let eight = _mm256_set1_epi8(8);
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             let mut extra = [[0.0f32; C]; R];
-            for b in 0..nb {
+            for u in 0..units {
                 let mut wv = [_mm256_setzero_si256(); C];
                 let mut wu = [_mm256_setzero_si256(); C];
+                let mut mul = [_mm256_setzero_si256(); C];
                 let mut dw = [0.0f32; C];
                 let mut m = [0.0f32; C];
                 for c in 0..C {
-                    let p = ws[c].as_ptr().add(b * bb);
-                    dw[c] = f16_at(p);
-                    // Weight bytes; for the signed formats also their absolute values (maddubs wants
-                    // one unsigned operand, so the sign moves to the activations).
-                    wv[c] = match K {
-                        Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
-                        Q4_0 => _mm256_sub_epi8(nibbles(p.add(2)), eight),
-                        _ => nibbles(p.add(4)),
-                    };
-                    wu[c] = if K == Q4_1 {
-                        wv[c]
-                    } else {
+                    let p = ws[c].as_ptr().add(u / per * bb);
+                    (wv[c], dw[c], m[c], mul[c]) = unit::<K>(p, u % per);
+                    // For the signed formats also the weights' absolute values (maddubs wants one
+                    // unsigned operand, so the sign moves to the activations).
+                    wu[c] = if code_signed(K) {
                         _mm256_sign_epi8(wv[c], wv[c])
+                    } else {
+                        wv[c]
                     };
-                    if K == Q4_1 {
-                        m[c] = f16_at(p.add(2));
-                    }
                 }
                 for r in 0..R {
-                    let xb = xs[r].as_ptr().add(b);
+                    let xb = xs[r].as_ptr().add(u);
                     let xv = _mm256_loadu_si256((*xb).qs.as_ptr().cast());
                     let dx = _mm256_set1_ps((*xb).d);
                     for c in 0..C {
-                        let x8 = if K == Q4_1 {
-                            xv
-                        } else {
+                        let x8 = if code_signed(K) {
                             _mm256_sign_epi8(xv, wv[c])
+                        } else {
+                            xv
                         };
-                        let p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[c], x8), ones);
+                        let p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[c], x8), mul[c]);
                         let dd = _mm256_mul_ps(_mm256_set1_ps(dw[c]), dx);
                         acc[r][c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p32), acc[r][c]);
-                        if K == Q4_1 {
+                        if !code_signed(K) {
                             // w = d·q + m: the m·Σx part.
                             extra[r][c] += m[c] * (*xb).s;
                         }
@@ -430,12 +570,17 @@ pub(super) mod tests {
         if !supported(Isa::detect(), QuantKind::Q8_0) {
             return;
         }
-        let k = 256;
+        let k = 512;
         let w = lcg(1, k);
+        let random = |kind: QuantKind| crate::quant::test_blocks::blocks(kind, k / kind.block_elems());
         for (kind, bytes) in [
             (QuantKind::Q8_0, quantize_q8_0(&w)),
             (QuantKind::Q4_0, quantize_q4_0(&w)),
             (QuantKind::Q4_1, q4_1_row(3, k)),
+            (QuantKind::Q5_0, random(QuantKind::Q5_0)),
+            (QuantKind::Q5_1, random(QuantKind::Q5_1)),
+            (QuantKind::Q4K, random(QuantKind::Q4K)),
+            (QuantKind::Q6K, random(QuantKind::Q6K)),
         ] {
             let mut wf = vec![0.0; k];
             dequantize_row(kind, &bytes, &mut wf);
@@ -466,6 +611,18 @@ pub(super) mod tests {
                 assert!(
                     (got[r] as f64 - want).abs() <= 0.01 * scale,
                     "{kind:?} row {r}: {} vs {want} (scale {scale})",
+                    got[r]
+                );
+                // Against the 8-bit activations themselves the only differences are float rounding
+                // and the f16 rounding of the blocks' sums (`s`): a misplaced scale or value is not.
+                let xq: Vec<f64> = xs[r][..k / 32]
+                    .iter()
+                    .flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64))
+                    .collect();
+                let exact: f64 = xq.iter().zip(&wf).map(|(a, b)| a * *b as f64).sum();
+                assert!(
+                    (got[r] as f64 - exact).abs() <= 1e-4 * scale,
+                    "{kind:?} row {r}: {} vs {exact} with the 8-bit activations (scale {scale})",
                     got[r]
                 );
                 // The same row alone gives the same bits (no dependence on the tile).

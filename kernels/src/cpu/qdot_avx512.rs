@@ -49,7 +49,7 @@ pub(crate) unsafe fn dot_tile(
             && xs.iter().all(|x| x.len() >= ws[0].len() / kind.block_bytes()),
         "dot_tile shapes"
     );
-    tile_dispatch!(tile, kind, ws, xs, out, [1, 2, 3], 4)
+    tile_dispatch!(tile, kind, [Q8_0, Q4_0, Q4_1], ws, xs, out, [1, 2, 3], 4)
 }
 
 /// Weight values of one block as 32 bytes in element order: signed for Q8_0/Q4_0, unsigned for Q4_1.
@@ -67,6 +67,11 @@ unsafe fn wblock<const K: u8>(p: *const u8) -> __m256i {
             _ => nibbles(p.add(4)),
         }
     }
+}
+
+/// Whether [`dot_tile`] handles `kind` (the other integer formats take `super::qdot`'s AVX2 tiles).
+pub(crate) fn supports(kind: QuantKind) -> bool {
+    matches!(kind, QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q4_1)
 }
 
 /// Two 256-bit halves as one register (`hi` in lanes 8–15).

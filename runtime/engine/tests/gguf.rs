@@ -1,8 +1,9 @@
 //! GGUF models: `gen-model --format gguf` output against the same model in safetensors (same weights,
 //! Q/K permuted, adjacent-pair RoPE: the logits must agree), against candle's independent GGUF Llama
-//! (`quantized_llama`) in f32, Q8_0 and Q4_0, and malformed files reported with the file and key named.
+//! (`quantized_llama`) in f32, Q8_0, Q4_0 and a mix of Q4_K, Q6_K, Q5_0 and Q5_1, and malformed files
+//! reported with the file and key named.
 
-use candle_core::quantized::gguf_file;
+use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama;
 use modelfleet_engine::ModelDir;
@@ -159,6 +160,88 @@ fn gguf_matches_candle_quantized_llama() {
         assert!(worst <= tol, "{shape:?} {dtype:?}: max |Δlogit| {worst}");
         assert!(frac >= min_top1, "{shape:?} {dtype:?}: top-1 agreement {frac}");
     }
+}
+
+/// Rewrites `dir/model.gguf` (f32) with every matrix requantized by candle to the format `pick` names
+/// for its tensor name (vectors stay f32).
+fn requantize(dir: &Path, pick: impl Fn(&str) -> GgmlDType) {
+    let src = dir.join("model.gguf");
+    let mut f = std::fs::File::open(&src).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort();
+    let tensors: Vec<(String, QTensor)> = names
+        .into_iter()
+        .map(|name| {
+            let t = content.tensor(&mut f, name, &Device::Cpu).unwrap();
+            if t.shape().dims().len() != 2 {
+                return (name.clone(), t);
+            }
+            let w = t.dequantize(&Device::Cpu).unwrap();
+            (name.clone(), QTensor::quantize(&w, pick(name)).unwrap())
+        })
+        .collect();
+    let meta: Vec<(&str, &gguf_file::Value)> =
+        content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let tmp = dir.join("model.q.gguf");
+    gguf_file::write(&mut std::fs::File::create(&tmp).unwrap(), &meta, &ts).unwrap();
+    std::fs::rename(tmp, src).unwrap();
+}
+
+/// The formats of a llama.cpp Q4_K_M file (Q4_K, Q6_K for the MLP's down projection and the LM head,
+/// Q5_0 where a width is not a multiple of 256) plus Q5_1, on a model whose widths allow K-quants: the
+/// engine's integer products (activations in 8-bit blocks of 32) against candle's (ggml's: blocks of
+/// 256 for the K-quants, of 32 for Q5).
+#[test]
+fn k_quants_and_q5_match_candle_quantized_llama() {
+    use modelfleet_engine::kernels::cpu::simd::Isa;
+    let int8 = Isa::detect().has_avx2();
+    let pick = |name: &str| {
+        if name.contains("ffn_down") || name.starts_with("output") {
+            GgmlDType::Q6K
+        } else if name.contains("attn_v") {
+            GgmlDType::Q5_0
+        } else if name.starts_with("token_embd") {
+            GgmlDType::Q5_1
+        } else {
+            GgmlDType::Q4K
+        }
+    };
+    let dir = generate(Shape::Tiny256, GenDType::F32, GenFormat::Gguf);
+    requantize(dir.path(), pick);
+    // The same quantized weights widened back to f32: the exact product of these weights.
+    let exact_dir = generate(Shape::Tiny256, GenDType::F32, GenFormat::Gguf);
+    requantize(exact_dir.path(), pick);
+    requantize(exact_dir.path(), |_| GgmlDType::F32);
+    let (prompt, ours) = engine_logits(&ModelDir::open(dir.path()).unwrap());
+    let (_, exact) = engine_logits(&ModelDir::open(exact_dir.path()).unwrap());
+    let theirs = candle_logits(&dir.path().join("model.gguf"), &prompt);
+    let compare = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        let worst = a.iter().zip(b).map(|(x, y)| max_delta(x, y)).fold(0.0, f32::max);
+        let same = a.iter().zip(b).filter(|(x, y)| argmax(x) == argmax(y)).count();
+        (worst, same as f64 / a.len() as f64)
+    };
+    let (ours_exact, ours_exact_top1) = compare(&ours, &exact);
+    let (theirs_exact, theirs_exact_top1) = compare(&theirs, &exact);
+    let (ours_theirs, _) = compare(&ours, &theirs);
+    eprintln!(
+        "Q4_K/Q6_K/Q5_0/Q5_1 (int8 {int8}), {} positions, max |Δlogit| and top-1 agreement against the \
+         exact f32 product: ours {ours_exact:.2e} {ours_exact_top1:.3}, candle {theirs_exact:.2e} \
+         {theirs_exact_top1:.3}; ours against candle {ours_theirs:.2e}",
+        ours.len()
+    );
+    // Both carry 8-bit activation noise, independently; ours (blocks of 32) no more than candle's
+    // (blocks of 256 for the K-quants), and the two within that noise of each other.
+    assert!(
+        ours_exact <= theirs_exact * 1.25 + 1e-3,
+        "ours {ours_exact} vs candle {theirs_exact}"
+    );
+    assert!(ours_theirs <= 0.2, "ours against candle: {ours_theirs}");
+    assert!(
+        ours_exact_top1 >= theirs_exact_top1 - 0.03,
+        "top-1 {ours_exact_top1} vs {theirs_exact_top1}"
+    );
 }
 
 #[test]

@@ -29,6 +29,9 @@ pub enum Shape {
     /// Tiny Qwen2: q/k/v biases, tied embeddings, ChatML.
     #[value(name = "tiny-qwen2")]
     TinyQwen2,
+    /// Tiny Llama whose widths are multiples of 256 (the K-quant blocks): hidden 256, MLP 512, 2 layers.
+    #[value(name = "tiny-256")]
+    Tiny256,
 }
 
 /// Chat format: special tokens, BOS/EOS and template.
@@ -127,6 +130,11 @@ impl Shape {
                 family: Family::Mistral,
                 kv_heads: 1,
                 rope_theta: 1_000_000.0,
+                ..tiny
+            },
+            Shape::Tiny256 => ModelShape {
+                hidden: 256,
+                intermediate: 512,
                 ..tiny
             },
             Shape::TinyQwen2 => ModelShape {

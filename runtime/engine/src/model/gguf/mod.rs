@@ -103,12 +103,14 @@ pub fn ggml_dtype(t: u32) -> std::result::Result<DType, String> {
         30 => DType::BF16,
         2 => DType::Quant(QuantKind::Q4_0),
         3 => DType::Quant(QuantKind::Q4_1),
+        6 => DType::Quant(QuantKind::Q5_0),
+        7 => DType::Quant(QuantKind::Q5_1),
         8 => DType::Quant(QuantKind::Q8_0),
         12 => DType::Quant(QuantKind::Q4K),
         14 => DType::Quant(QuantKind::Q6K),
         other => {
             return Err(format!(
-                "GGML type {other} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)"
+                "GGML type {other} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)"
             ));
         }
     })
@@ -365,7 +367,8 @@ mod tests {
 
     #[test]
     fn unsupported_types_are_named() {
-        assert!(ggml_dtype(6).unwrap_err().contains("GGML type 6"));
+        assert!(ggml_dtype(10).unwrap_err().contains("GGML type 10"));
+        assert_eq!(ggml_dtype(6), Ok(DType::Quant(QuantKind::Q5_0)));
         assert_eq!(ggml_dtype(14), Ok(DType::Quant(QuantKind::Q6K)));
     }
 }
