@@ -2,7 +2,7 @@
 //! repacked at upload and go through [`super::packed`] instead): every weight applied to the whole batch
 //! in one matrix-matrix product, multi-threaded over blocks of output columns. Quantized weights take
 //! the integer paths (activations quantized to 8 bits per block of 32, as ggml does): `super::qdot`
-//! with AVX2 for every format, `super::qdot_avx512` with AVX-512 VNNI for the 32-value ones; small float
+//! with AVX2, `super::qdot_avx512` with AVX-512 VNNI, for every format; small float
 //! matrices are read in place; quantized formats on the portable ISA are dequantized a few rows at a
 //! time into f32 scratch rows.
 //!

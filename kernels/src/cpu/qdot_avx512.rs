@@ -1,23 +1,28 @@
-//! AVX-512 VNNI integer dot products for Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights against 8-bit activation blocks
-//! ([`super::qdot::Q8Block`]): two blocks of 32 per 512-bit register, one `vpdpbusd` (unsigned × signed
+//! AVX-512 VNNI integer dot products for every quantized format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+//! Q6_K) against 8-bit activation blocks ([`super::qdot::Q8Block`]), the weights decoded by the AVX2
+//! tiles' `unit` (units of 32 values: a block, or a K-quant sub-block): two units per 512-bit register, one `vpdpbusd` (unsigned × signed
 //! bytes, four products summed per 32-bit lane) per pair of blocks, against `maddubs` + `madd` + a sign
 //! fix-up per block with AVX2. Tiles of up to 4 activation rows × 4 weight rows share every load; the
 //! matmul uses 4 × 4 (measured 10–20% faster than 4 × 2 on 16- and 64-row products) and 1 × 2 for a
 //! single row.
 //!
-//! `vpdpbusd` multiplies an unsigned operand by a signed one. Q4_1 and Q5_1 weights are unsigned, so they
-//! go in as they are. For the signed formats (Q8_0, Q4_0, Q5_0) the activations are offset to unsigned
+//! `vpdpbusd` multiplies an unsigned operand by a signed one. Q4_1, Q5_1 and Q4_K weights are unsigned, so
+//! they go in as they are. For the signed formats (Q8_0, Q4_0, Q5_0, Q6_K) the activations are offset to unsigned
 //! (`x + 128`, a flip of the top bit) and the excess `128 · Σw` — computed once per weight block pair
 //! with the same instruction — starts the accumulator negated: the integer sums are exact either way.
 //!
 //! Invariants: each output is the same sequence whatever the tile: per pair of blocks, the exact
 //! integer sums (lanes 0–7 the even block, 8–15 the odd one), converted to f32 and fused into a 16-lane
-//! accumulator with the scale `d_w · d_x`; then a fixed 16-lane sum, plus (Q4_1, Q5_1) the minimums' term
-//! `Σ m · s` added block by block. So batch invariance holds; the result differs from the AVX2 path in
-//! summation order only (the integer sums are identical).
+//! accumulator with the scale `d_w · d_x` (for Q6_K, lanes 0–3 and 4–7 of a unit — its two 16-value
+//! sub-blocks — each with its own `d · sc`, where AVX2 multiplies the integer sums by `sc`); then a fixed
+//! 16-lane sum, plus (Q4_1, Q5_1, Q4_K) the minimums' term `Σ m · s` added unit by unit. So batch
+//! invariance holds; the result differs from the AVX2 path in rounding order only (the integer sums of
+//! 4 values are identical).
 
-use super::qdot::avx2::{f16_at, unit};
-use super::qdot::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8Block, code_block_bytes, code_signed, tile_dispatch};
+use super::qdot::avx2::unit;
+use super::qdot::{
+    Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q6K, Q8_0, Q8Block, code_block_bytes, code_signed, code_units, tile_dispatch,
+};
 use crate::quant::QuantKind;
 use std::arch::x86_64::*;
 
@@ -46,13 +51,15 @@ pub(crate) unsafe fn dot_tile(
             && (1..=COLS).contains(&ws.len())
             && ws.iter().all(|w| w.len() == ws[0].len())
             && ws[0].len().is_multiple_of(kind.block_bytes())
-            && xs.iter().all(|x| x.len() >= ws[0].len() / kind.block_bytes()),
+            && xs
+                .iter()
+                .all(|x| x.len() >= ws[0].len() / kind.block_bytes() * kind.block_elems() / 32),
         "dot_tile shapes"
     );
     tile_dispatch!(
         tile,
         kind,
-        [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1],
+        [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q6K],
         ws,
         xs,
         out,
@@ -61,23 +68,17 @@ pub(crate) unsafe fn dot_tile(
     )
 }
 
-/// Weight values of one block as 32 bytes in element order: signed for Q8_0/Q4_0/Q5_0, unsigned for
-/// Q4_1/Q5_1 (the AVX2 tiles' decoding; its scale and minimum are read by the caller).
-///
-/// # Safety
-/// `p` points to a whole readable block of format `K` (`code_block_bytes(K)` bytes), one of the
-/// 32-value formats; AVX2 and F16C available.
-#[inline(always)]
-unsafe fn wblock<const K: u8>(p: *const u8) -> __m256i {
-    // SAFETY: `unit`'s contract is ours (a whole block, unit 0 of a 32-value format, AVX2/F16C).
-    unsafe { unit::<K>(p, 0).0 }
-}
-
 /// Whether [`dot_tile`] handles `kind` (the other integer formats take `super::qdot`'s AVX2 tiles).
 pub(crate) fn supports(kind: QuantKind) -> bool {
     matches!(
         kind,
-        QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::Q5_0 | QuantKind::Q5_1
+        QuantKind::Q8_0
+            | QuantKind::Q4_0
+            | QuantKind::Q4_1
+            | QuantKind::Q5_0
+            | QuantKind::Q5_1
+            | QuantKind::Q4K
+            | QuantKind::Q6K
     )
 }
 
@@ -125,26 +126,26 @@ unsafe fn hsum16(v: __m512) -> f32 {
 /// # Safety
 /// The extensions of [`dot_tile`] must be available; with `nb = ws[0].len() / code_block_bytes(K)`,
 /// every `ws[c]` (`c < C`) holds at least `nb` blocks of format `K` and every `xs[r]` (`r < R`) at least
-/// `nb` blocks (`ws` and `xs` themselves are indexed with bounds checks).
+/// `nb · code_units(K)` blocks (`ws` and `xs` themselves are indexed with bounds checks).
 #[inline(always)]
 unsafe fn tile<const K: u8, const R: usize, const C: usize>(
     ws: &[&[u8]],
     xs: &[&[Q8Block]],
 ) -> [[f32; C]; R] {
-    let nb = ws[0].len() / code_block_bytes(K);
-    // SAFETY: `pair` gets blocks `b` and `b + 1` only while `b + 2 ≤ nb`, and block `b < nb` alone
-    // otherwise, within the `nb` blocks of every row (our contract); the extensions are ours too.
+    let units = ws[0].len() / code_block_bytes(K) * code_units(K);
+    // SAFETY: `pair` gets units `u` and `u + 1` only while `u + 2 ≤ units`, and unit `u < units` alone
+    // otherwise, within the `units` of every row (our contract); the extensions are ours too.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         let mut extra = [[0.0f32; C]; R];
-        let mut b = 0;
-        while b + 2 <= nb {
-            pair::<K, R, C, true>(ws, xs, b, &mut acc, &mut extra);
-            b += 2;
+        let mut u = 0;
+        while u + 2 <= units {
+            pair::<K, R, C, true>(ws, xs, u, &mut acc, &mut extra);
+            u += 2;
         }
-        if b < nb {
+        if u < units {
             // An odd last block pairs with zeros (weights and scales), which add exactly nothing.
-            pair::<K, R, C, false>(ws, xs, b, &mut acc, &mut extra);
+            pair::<K, R, C, false>(ws, xs, u, &mut acc, &mut extra);
         }
         let mut out = [[0.0f32; C]; R];
         for r in 0..R {
@@ -156,24 +157,26 @@ unsafe fn tile<const K: u8, const R: usize, const C: usize>(
     }
 }
 
-/// Blocks `b` and `b + 1` (only `b` when not `TWO`) of every row and column of the tile.
+/// Units `u` and `u + 1` (only `u` when not `TWO`; units of 32 values, as in `qdot`: a block, or a
+/// sub-block of Q4_K/Q6_K, whose 8 units per block keep a pair within one block) of every row and column
+/// of the tile.
 ///
 /// # Safety
-/// The extensions of [`dot_tile`] must be available; block `b` (and `b + 1` when `TWO`) exists in every
+/// The extensions of [`dot_tile`] must be available; unit `u` (and `u + 1` when `TWO`) exists in every
 /// `ws[c]` (`c < C`, format `K`) and every `xs[r]` (`r < R`).
 #[inline(always)]
 unsafe fn pair<const K: u8, const R: usize, const C: usize, const TWO: bool>(
     ws: &[&[u8]],
     xs: &[&[Q8Block]],
-    b: usize,
+    u: usize,
     acc: &mut [[__m512; C]; R],
     extra: &mut [[f32; C]; R],
 ) {
-    let bb = code_block_bytes(K);
-    // SAFETY: by our contract `p = ws[c] + b·bb` starts block `b`, and with `TWO` block `b + 1` follows
-    // at `p + bb`, so `wblock` and the f16 reads (offsets 0..4 of a block) stay inside whole blocks;
-    // `x = xs[r] + b` (and `x + 1` with `TWO`) are existing, aligned elements of a `&[Q8Block]`, so
-    // the references `&*x` are valid, and their `qs` are read unaligned; the extensions are ours.
+    let (bb, per) = (code_block_bytes(K), code_units(K));
+    // SAFETY: by our contract unit `v` (`u`, and `u + 1` with `TWO`) of `ws[c]` lies in the whole block
+    // at `ws[c] + (v / per)·bb`, which `unit` reads within (its `# Safety`, `v % per < per`);
+    // `x = xs[r] + u` (and `x + 1` with `TWO`) are existing, aligned elements of a `&[Q8Block]`, so the
+    // references `&*x` are valid, and their `qs` are read unaligned; the extensions are ours.
     unsafe {
         let zero = _mm512_setzero_si512();
         let top = _mm512_set1_epi8(-128);
@@ -182,23 +185,34 @@ unsafe fn pair<const K: u8, const R: usize, const C: usize, const TWO: bool>(
         let mut dw = [_mm512_setzero_ps(); C];
         let mut m = [[0.0f32; 2]; C];
         for c in 0..C {
-            let p = ws[c].as_ptr().add(b * bb);
-            let hi = if TWO {
-                wblock::<K>(p.add(bb))
+            let at = |v: usize| ws[c].as_ptr().add(v / per * bb);
+            let (w0, d0, m0, mul0) = unit::<K>(at(u), u % per);
+            let (w1, d1, m1, mul1) = if TWO {
+                unit::<K>(at(u + 1), (u + 1) % per)
             } else {
-                _mm256_setzero_si256()
+                (_mm256_setzero_si256(), 0.0, 0.0, _mm256_setzero_si256())
             };
-            wv[c] = join(wblock::<K>(p), hi);
-            dw[c] = join_ps(f16_at(p), if TWO { f16_at(p.add(bb)) } else { 0.0 });
+            wv[c] = join(w0, w1);
+            dw[c] = if K == Q6K {
+                // Each 32-bit lane of a `vpdpbusd` sum covers 4 values, so lanes 0–3 and 4–7 of a
+                // unit are its two 16-value sub-blocks: their scales go into the float scale.
+                let lo = |mul: __m256i| _mm256_extract_epi16::<0>(mul) as i16 as f32;
+                let hi = |mul: __m256i| _mm256_extract_epi16::<8>(mul) as i16 as f32;
+                let (a0, b0) = (d0 * lo(mul0), d0 * hi(mul0));
+                let (a1, b1) = (d1 * lo(mul1), d1 * hi(mul1));
+                _mm512_setr_ps(a0, a0, a0, a0, b0, b0, b0, b0, a1, a1, a1, a1, b1, b1, b1, b1)
+            } else {
+                join_ps(d0, d1)
+            };
             if !code_signed(K) {
-                m[c] = [f16_at(p.add(2)), if TWO { f16_at(p.add(bb + 2)) } else { 0.0 }];
+                m[c] = [m0, m1];
             } else {
                 // −128 · Σw per lane: undoes the activations' +128 offset.
                 init[c] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, top, wv[c]));
             }
         }
         for r in 0..R {
-            let x = xs[r].as_ptr().add(b);
+            let x = xs[r].as_ptr().add(u);
             let x0 = &*x;
             let lo = _mm256_loadu_si256(x0.qs.as_ptr().cast());
             let (hi, d1, s1) = if TWO {
@@ -242,25 +256,28 @@ mod tests {
         if Isa::detect() != Isa::Avx512 {
             return;
         }
-        // 9 blocks: an odd count exercises the zero-padded last pair.
-        let k = 288;
-        let rows: Vec<f32> = lcg(20, 4 * k);
-        let q = quantize_rows(&rows, 4, k);
-        let xs: Vec<&[Q8Block]> = q.chunks(k / 32).collect();
         for kind in [
             QuantKind::Q8_0,
             QuantKind::Q4_0,
             QuantKind::Q4_1,
             QuantKind::Q5_0,
             QuantKind::Q5_1,
+            QuantKind::Q4K,
+            QuantKind::Q6K,
         ] {
+            // 9 blocks of 32 (an odd count exercises the zero-padded last pair), 2 of 256.
+            let k = if kind.block_elems() == 256 { 512 } else { 288 };
+            let rows: Vec<f32> = lcg(20, 4 * k);
+            let q = quantize_rows(&rows, 4, k);
+            let xs: Vec<&[Q8Block]> = q.chunks(k / 32).collect();
+            let nb = k / kind.block_elems();
             let ws: Vec<Vec<u8>> = (0..4)
                 .map(|c| match kind {
                     QuantKind::Q8_0 => quantize_q8_0(&lcg(30 + c, k)),
                     QuantKind::Q4_0 => quantize_q4_0(&lcg(30 + c, k)),
                     QuantKind::Q4_1 => q4_1_row(30 + c, k),
-                    _ => crate::quant::test_blocks::blocks(kind, 4 * k / 32)
-                        [c as usize * 9 * kind.block_bytes()..][..9 * kind.block_bytes()]
+                    _ => crate::quant::test_blocks::blocks(kind, 4 * nb)
+                        [c as usize * nb * kind.block_bytes()..][..nb * kind.block_bytes()]
                         .to_vec(),
                 })
                 .collect();
