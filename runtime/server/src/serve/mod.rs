@@ -15,6 +15,7 @@ mod body;
 mod config;
 mod faults;
 mod generate;
+mod inflight;
 pub mod memory;
 mod openai;
 pub mod openapi;

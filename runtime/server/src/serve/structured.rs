@@ -6,10 +6,13 @@
 //! Invariants: an invalid schema, regex or grammar, an unsupported keyword, one nested past the depth
 //! limit, or one that does not compile within [`COMPILE_BUDGET`] is a 400 naming the field it came in,
 //! before the request is queued; when every compile thread is busy and their queue full the request
-//! is refused at once (429 `compile_queue_full`), never absorbed; compiling never runs on an async
+//! is refused at once (429 `compile_queue_full`), never absorbed; requests for a constraint already
+//! being compiled wait for that compile (`inflight.rs`) instead of taking queue slots; compiling never runs
+//! on an async
 //! worker; the compiled grammar goes into the request's sampling parameters, shared by its `n`
 //! choices (each starts its own state).
 
+use super::inflight::{Inflight, Verdict};
 use super::state::AppState;
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::structured::{Requested, RequestedConstraint, clash};
@@ -31,6 +34,8 @@ pub struct Compiler {
     /// The trie, llguidance's factory and the cache of compiled grammars.
     pub grammars: Arc<Grammars>,
     threads: CompileThreads,
+    /// Compiles under way: a request for one of them waits for it rather than queueing it again.
+    inflight: Inflight,
 }
 
 /// Structured output on this server: the compiler, or why there is none.
@@ -68,6 +73,7 @@ pub async fn grammars(md: &Arc<ModelDir>) -> GrammarSupport {
     Ok(Arc::new(Compiler {
         grammars: Arc::new(grammars),
         threads,
+        inflight: Inflight::default(),
     }))
 }
 
@@ -96,7 +102,8 @@ fn spec(what: Requested) -> ConstraintSpec {
     }
 }
 
-/// Compiles `c` (or takes it from the cache) on a compile thread; errors are 400s naming its field.
+/// Compiles `c` (or takes it from the cache, or waits for the same constraint's compile under way) on a
+/// compile thread; errors are 400s naming its field.
 pub async fn compile(st: &AppState, c: RequestedConstraint) -> Result<Arc<CompiledGrammar>, ApiError> {
     let field = c.field;
     let compiler = st
@@ -108,6 +115,49 @@ pub async fn compile(st: &AppState, c: RequestedConstraint) -> Result<Arc<Compil
     if let Some(hit) = compiler.grammars.lookup(&spec) {
         return Ok(hit);
     }
+    let refused = |m: &str| ApiError::invalid(&field, format!("`{field}`: {m}"));
+    let lead = match compiler.inflight.join(spec.key()) {
+        Ok(lead) => Some(lead),
+        Err(follow) => {
+            // A little past the leader's own budget, so that its verdict, even "too slow", comes first.
+            match follow.verdict(COMPILE_BUDGET + Duration::from_millis(250)).await {
+                Some(Verdict::Ready(g)) => return Ok(g),
+                Some(Verdict::Refused(m)) => return Err(refused(&m)),
+                // The leader left without a verdict (refused as busy, or its client went away).
+                None => match compiler.grammars.lookup(&spec) {
+                    Some(hit) => return Ok(hit),
+                    None => None,
+                },
+            }
+        }
+    };
+    match compile_now(&compiler, spec).await {
+        Ok(g) => {
+            if let Some(lead) = lead {
+                lead.finish(Verdict::Ready(g.clone()));
+            }
+            Ok(g)
+        }
+        Err(Failed::Refused(m)) => {
+            if let Some(lead) = lead {
+                lead.finish(Verdict::Refused(m.clone()));
+            }
+            Err(refused(&m))
+        }
+        Err(Failed::Busy(e)) => Err(e),
+    }
+}
+
+/// Why a compile gave no grammar.
+enum Failed {
+    /// The constraint itself (400): the message, without the field's name.
+    Refused(String),
+    /// No compile thread was free (429).
+    Busy(ApiError),
+}
+
+/// Compiles `spec` on a compile thread, within [`COMPILE_BUDGET`].
+async fn compile_now(compiler: &Compiler, spec: ConstraintSpec) -> Result<Arc<CompiledGrammar>, Failed> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let grammars = compiler.grammars.clone();
     let ticket = compiler
@@ -116,7 +166,7 @@ pub async fn compile(st: &AppState, c: RequestedConstraint) -> Result<Arc<Compil
             let _ = tx.send(grammars.compile(&spec));
         })
         .map_err(|e| match e {
-            Submit::Busy => ApiError {
+            Submit::Busy => Failed::Busy(ApiError {
                 code: Some("compile_queue_full".into()),
                 ..ApiError::new(
                     ApiErrorKind::RateLimited { retry_after_secs: 1 },
@@ -125,38 +175,36 @@ pub async fn compile(st: &AppState, c: RequestedConstraint) -> Result<Arc<Compil
                          are waiting; retry shortly"
                     ),
                 )
-            },
-            Submit::Closed => ApiError::new(ApiErrorKind::Internal, "the compile threads are gone"),
+            }),
+            Submit::Closed => Failed::Busy(ApiError::new(
+                ApiErrorKind::Internal,
+                "the compile threads are gone",
+            )),
         })?;
     match tokio::time::timeout(COMPILE_BUDGET, rx).await {
         Ok(Ok(compiled)) => compiled.map_err(|e| match e {
-            EngineError::Constraint(m) => ApiError::invalid(&field, format!("`{field}`: {m}")),
-            other => ApiError::invalid(&field, format!("`{field}`: {other}")),
+            EngineError::Constraint(m) => Failed::Refused(m),
+            other => Failed::Refused(other.to_string()),
         }),
         // The job ended without an answer: the compiler panicked on this input (and was caught).
-        Ok(Err(_)) => Err(ApiError::invalid(
-            &field,
-            format!("`{field}`: the grammar compiler failed on this constraint"),
+        Ok(Err(_)) => Err(Failed::Refused(
+            "the grammar compiler failed on this constraint".into(),
         )),
         Err(_) => {
             ticket.abandon();
             if ticket.started() {
-                Err(ApiError::invalid(
-                    &field,
-                    format!(
-                        "`{field}`: did not compile within {} s; simplify it (docs/api.md, structured output \
-                         limits)",
-                        COMPILE_BUDGET.as_secs_f64()
-                    ),
-                ))
+                Err(Failed::Refused(format!(
+                    "did not compile within {} s; simplify it (docs/api.md, structured output limits)",
+                    COMPILE_BUDGET.as_secs_f64()
+                )))
             } else {
-                Err(ApiError {
+                Err(Failed::Busy(ApiError {
                     code: Some("compile_queue_full".into()),
                     ..ApiError::new(
                         ApiErrorKind::RateLimited { retry_after_secs: 1 },
                         "the structured-output compile threads were busy for the whole compile budget",
                     )
-                })
+                }))
             }
         }
     }
