@@ -29,6 +29,17 @@ pub enum QuantKind {
 }
 
 impl QuantKind {
+    /// Every format.
+    pub const ALL: [QuantKind; 7] = [
+        QuantKind::Q8_0,
+        QuantKind::Q4_0,
+        QuantKind::Q4_1,
+        QuantKind::Q5_0,
+        QuantKind::Q5_1,
+        QuantKind::Q4K,
+        QuantKind::Q6K,
+    ];
+
     /// Weights per block.
     pub const fn block_elems(self) -> usize {
         match self {
@@ -87,30 +98,7 @@ pub fn dequantize_block(kind: QuantKind, b: &[u8], out: &mut [f32]) {
                 out[j + 16] = (b[4 + j] >> 4) as f32 * d + m;
             }
         }
-        QuantKind::Q5_0 | QuantKind::Q5_1 => {
-            // ggml's `dequantize_row_q5_{0,1}`: bit j of `qh` is element j's fifth bit.
-            let (d, m, at) = if kind == QuantKind::Q5_0 {
-                (f16_at(b, 0), 0.0, 2)
-            } else {
-                (f16_at(b, 0), f16_at(b, 2), 4)
-            };
-            let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-            let qs = &b[at + 4..at + 20];
-            let off = if kind == QuantKind::Q5_0 { 16 } else { 0 };
-            for j in 0..16 {
-                let h0 = ((qh >> j) << 4) & 0x10;
-                let h1 = (qh >> (j + 12)) & 0x10;
-                let x0 = ((qs[j] & 0x0F) as u32 | h0) as i32 - off;
-                let x1 = ((qs[j] >> 4) as u32 | h1) as i32 - off;
-                if kind == QuantKind::Q5_0 {
-                    out[j] = x0 as f32 * d;
-                    out[j + 16] = x1 as f32 * d;
-                } else {
-                    out[j] = x0 as f32 * d + m;
-                    out[j + 16] = x1 as f32 * d + m;
-                }
-            }
-        }
+        QuantKind::Q5_0 | QuantKind::Q5_1 => dequantize_q5(kind == QuantKind::Q5_0, b, out),
         QuantKind::Q8_0 => {
             let d = f16_at(b, 0);
             for j in 0..32 {
@@ -152,6 +140,32 @@ pub fn dequantize_block(kind: QuantKind, b: &[u8], out: &mut [f32]) {
                     y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
                 }
             }
+        }
+    }
+}
+
+/// ggml's `dequantize_row_q5_0` (`signed`) or `dequantize_row_q5_1` for one block: bit j of `qh` is
+/// element j's fifth bit.
+fn dequantize_q5(signed: bool, b: &[u8], out: &mut [f32]) {
+    let (d, m, at) = if signed {
+        (f16_at(b, 0), 0.0, 2)
+    } else {
+        (f16_at(b, 0), f16_at(b, 2), 4)
+    };
+    let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let qs = &b[at + 4..at + 20];
+    let off = if signed { 16 } else { 0 };
+    for j in 0..16 {
+        let h0 = ((qh >> j) << 4) & 0x10;
+        let h1 = (qh >> (j + 12)) & 0x10;
+        let x0 = ((qs[j] & 0x0F) as u32 | h0) as i32 - off;
+        let x1 = ((qs[j] >> 4) as u32 | h1) as i32 - off;
+        if signed {
+            out[j] = x0 as f32 * d;
+            out[j + 16] = x1 as f32 * d;
+        } else {
+            out[j] = x0 as f32 * d + m;
+            out[j + 16] = x1 as f32 * d + m;
         }
     }
 }
@@ -228,15 +242,7 @@ mod tests {
 
     #[test]
     fn dequantization_matches_candle_bit_for_bit() {
-        for kind in [
-            QuantKind::Q4_0,
-            QuantKind::Q4_1,
-            QuantKind::Q5_0,
-            QuantKind::Q5_1,
-            QuantKind::Q8_0,
-            QuantKind::Q4K,
-            QuantKind::Q6K,
-        ] {
+        for kind in QuantKind::ALL {
             let n = 5;
             let b = blocks(kind, n);
             let mut ours = vec![0.0; n * kind.block_elems()];

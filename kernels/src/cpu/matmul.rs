@@ -74,7 +74,7 @@ pub(crate) fn matmul(
     };
     if let WeightData::Quant(q, bytes) = w
         && k.is_multiple_of(32)
-        && super::qdot::supported(isa, q)
+        && super::qdot::supported(isa)
     {
         return matmul_q8(isa, q, bytes, x, bias, shape, out);
     }
@@ -114,7 +114,7 @@ fn matmul_q8(
     let row_bytes = k / q.block_elems() * q.block_bytes();
     let xq = quantize_rows(x, rows, k);
     let nb = k / 32;
-    let wide = isa == Isa::Avx512 && super::qdot_avx512::supports(q);
+    let wide = isa == Isa::Avx512;
     let threads = pool::threads();
     let by_cache = (256 * 1024 / row_bytes.max(1)).clamp(4, 256);
     let block = by_cache.min(n.div_ceil(4 * threads).max(4));
@@ -175,13 +175,12 @@ fn prefetch(bytes: &[u8]) {
     }
 }
 
-/// One integer tile: AVX-512 VNNI when `wide` (the ISA has it and `qdot_avx512` the format), else AVX2
-/// (at most 4 rows × 2 columns).
+/// One integer tile: AVX-512 VNNI when `wide` (the ISA has it), else AVX2 (at most 4 rows × 2 columns).
 fn tile_dots(wide: bool, q: QuantKind, ws: &[&[u8]], xs: &[&[Q8Block]], out: &mut [[f32; 4]; 4]) {
     #[cfg(target_arch = "x86_64")]
     if wide {
-        // SAFETY: `wide` needs `Isa::Avx512`, only detected with AVX-512 F/BW/VL/VNNI, and a format
-        // `qdot_avx512` supports; shapes come from `matmul_q8`, whose rows hold `k / 32` whole blocks.
+        // SAFETY: `wide` is `Isa::Avx512`, only detected with AVX-512 F/BW/VL/VNNI; shapes come from
+        // `matmul_q8`, whose rows hold `k / 32` units of 32 values.
         return unsafe { super::qdot_avx512::dot_tile(q, ws, xs, out) };
     }
     let mut two = [[0.0f32; 2]; 4];
@@ -472,15 +471,7 @@ mod tests {
         use crate::quant::QuantKind;
         let n = 11;
         let b = HostWeight::from_f32(&lcg(6, n), 1, n).unwrap();
-        for q in [
-            QuantKind::Q8_0,
-            QuantKind::Q4_0,
-            QuantKind::Q4_1,
-            QuantKind::Q5_0,
-            QuantKind::Q5_1,
-            QuantKind::Q4K,
-            QuantKind::Q6K,
-        ] {
+        for q in QuantKind::ALL {
             // Two blocks of the 256-value formats, three of the others.
             let k = if q.block_elems() == 256 { 512 } else { 96 };
             let x = lcg(5, 9 * k);
@@ -509,7 +500,7 @@ mod tests {
                 let absx: Vec<f32> = x.iter().map(|v| v.abs()).collect();
                 let absw: Vec<f32> = deq.iter().map(|v| v.abs()).collect();
                 let scale = naive(&absx, &absw, 9, k, n);
-                let int8 = super::super::qdot::supported(isa, q);
+                let int8 = super::super::qdot::supported(isa);
                 for (i, (a, w)) in out.iter().zip(&want).enumerate() {
                     let tol = if int8 {
                         1e-4 + 0.01 * scale[i]

@@ -33,20 +33,9 @@ pub(crate) struct Q8Block {
     pub qs: [i8; 32],
 }
 
-/// Whether [`dot_tile`] handles `kind` with `isa`.
-pub(crate) fn supported(isa: super::simd::Isa, kind: QuantKind) -> bool {
-    cfg!(target_arch = "x86_64")
-        && isa.has_avx2()
-        && matches!(
-            kind,
-            QuantKind::Q4_0
-                | QuantKind::Q4_1
-                | QuantKind::Q5_0
-                | QuantKind::Q5_1
-                | QuantKind::Q8_0
-                | QuantKind::Q4K
-                | QuantKind::Q6K
-        )
+/// Whether `isa` has the integer tiles ([`dot_tile`]; every quantized format has them).
+pub(crate) fn supported(isa: super::simd::Isa) -> bool {
+    cfg!(target_arch = "x86_64") && isa.has_avx2()
 }
 
 /// Quantizes `rows` rows of `k` (a multiple of 32) activations into `k / 32` blocks each, with AVX2
@@ -567,7 +556,7 @@ pub(super) mod tests {
 
     #[test]
     fn integer_dots_match_the_dequantized_dot_within_activation_rounding() {
-        if !supported(Isa::detect(), QuantKind::Q8_0) {
+        if !supported(Isa::detect()) {
             return;
         }
         let k = 512;

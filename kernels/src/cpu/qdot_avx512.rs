@@ -34,7 +34,7 @@ pub(crate) const COLS: usize = 4;
 /// `out[r][c] = dot(ws[c], xs[r])` for up to [`ROWS`] activation rows and [`COLS`] weight rows.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C); `kind` is one [`supports`]; `ws`
+/// The CPU must support AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C); `kind` any quantized format; `ws`
 /// holds 1–[`COLS`] rows and `xs` 1–[`ROWS`]; every `ws[c]` holds `nb` whole blocks of `kind` and every
 /// `xs[r]` at least `nb` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -46,8 +46,7 @@ pub(crate) unsafe fn dot_tile(
 ) {
     // The shapes `qdot::dot_tile` asserts for AVX2; here the caller's (`matmul_q8` builds them).
     debug_assert!(
-        supports(kind)
-            && (1..=ROWS).contains(&xs.len())
+        (1..=ROWS).contains(&xs.len())
             && (1..=COLS).contains(&ws.len())
             && ws.iter().all(|w| w.len() == ws[0].len())
             && ws[0].len().is_multiple_of(kind.block_bytes())
@@ -65,20 +64,6 @@ pub(crate) unsafe fn dot_tile(
         out,
         [1, 2, 3],
         4
-    )
-}
-
-/// Whether [`dot_tile`] handles `kind` (the other integer formats take `super::qdot`'s AVX2 tiles).
-pub(crate) fn supports(kind: QuantKind) -> bool {
-    matches!(
-        kind,
-        QuantKind::Q8_0
-            | QuantKind::Q4_0
-            | QuantKind::Q4_1
-            | QuantKind::Q5_0
-            | QuantKind::Q5_1
-            | QuantKind::Q4K
-            | QuantKind::Q6K
     )
 }
 
@@ -256,15 +241,7 @@ mod tests {
         if Isa::detect() != Isa::Avx512 {
             return;
         }
-        for kind in [
-            QuantKind::Q8_0,
-            QuantKind::Q4_0,
-            QuantKind::Q4_1,
-            QuantKind::Q5_0,
-            QuantKind::Q5_1,
-            QuantKind::Q4K,
-            QuantKind::Q6K,
-        ] {
+        for kind in QuantKind::ALL {
             // 9 blocks of 32 (an odd count exercises the zero-padded last pair), 2 of 256.
             let k = if kind.block_elems() == 256 { 512 } else { 288 };
             let rows: Vec<f32> = lcg(20, 4 * k);

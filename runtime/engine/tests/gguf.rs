@@ -56,6 +56,13 @@ fn engine_logits(md: &ModelDir) -> (Vec<u32>, Vec<Vec<f32>>) {
     (prompt, rows)
 }
 
+/// The largest |Δlogit| over all positions, and the share of positions with the same top-1.
+fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f32, f64) {
+    let worst = a.iter().zip(b).map(|(x, y)| max_delta(x, y)).fold(0.0, f32::max);
+    let same = a.iter().zip(b).filter(|(x, y)| argmax(x) == argmax(y)).count();
+    (worst, same as f64 / a.len() as f64)
+}
+
 fn argmax(v: &[f32]) -> usize {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
 }
@@ -142,17 +149,7 @@ fn gguf_matches_candle_quantized_llama() {
         let md = ModelDir::open(dir.path()).unwrap();
         let (prompt, ours) = engine_logits(&md);
         let theirs = candle_logits(&dir.path().join("model.gguf"), &prompt);
-        let worst = ours
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| max_delta(a, b))
-            .fold(0.0, f32::max);
-        let same = ours
-            .iter()
-            .zip(&theirs)
-            .filter(|(a, b)| argmax(a) == argmax(b))
-            .count();
-        let frac = same as f64 / ours.len() as f64;
+        let (worst, frac) = compare(&ours, &theirs);
         eprintln!(
             "{shape:?} {dtype:?}: {} positions, max |Δlogit| {worst:.2e}, top-1 agreement {frac:.3}",
             ours.len()
@@ -217,11 +214,6 @@ fn k_quants_and_q5_match_candle_quantized_llama() {
     let (prompt, ours) = engine_logits(&ModelDir::open(dir.path()).unwrap());
     let (_, exact) = engine_logits(&ModelDir::open(exact_dir.path()).unwrap());
     let theirs = candle_logits(&dir.path().join("model.gguf"), &prompt);
-    let compare = |a: &[Vec<f32>], b: &[Vec<f32>]| {
-        let worst = a.iter().zip(b).map(|(x, y)| max_delta(x, y)).fold(0.0, f32::max);
-        let same = a.iter().zip(b).filter(|(x, y)| argmax(x) == argmax(y)).count();
-        (worst, same as f64 / a.len() as f64)
-    };
     let (ours_exact, ours_exact_top1) = compare(&ours, &exact);
     let (theirs_exact, theirs_exact_top1) = compare(&theirs, &exact);
     let (ours_theirs, _) = compare(&ours, &theirs);

@@ -64,24 +64,29 @@ pub(crate) struct ModelShape {
     pub qkv_bias: bool,
 }
 
+/// The tiny Llama the other tiny shapes start from.
+fn tiny() -> ModelShape {
+    ModelShape {
+        architecture: "LlamaForCausalLM",
+        model_type: "llama",
+        family: Family::ChatMl,
+        hidden: 64,
+        intermediate: 128,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        vocab: 512,
+        max_pos: 2048,
+        rope_theta: 10_000.0,
+        rope_scaling: None,
+        tied: false,
+        qkv_bias: false,
+    }
+}
+
 impl Shape {
     pub(crate) fn spec(self) -> ModelShape {
-        let tiny = ModelShape {
-            architecture: "LlamaForCausalLM",
-            model_type: "llama",
-            family: Family::ChatMl,
-            hidden: 64,
-            intermediate: 128,
-            layers: 2,
-            heads: 4,
-            kv_heads: 2,
-            vocab: 512,
-            max_pos: 2048,
-            rope_theta: 10_000.0,
-            rope_scaling: None,
-            tied: false,
-            qkv_bias: false,
-        };
+        let tiny = tiny();
         match self {
             Shape::Tiny => tiny,
             Shape::Smollm2_135m => ModelShape {
