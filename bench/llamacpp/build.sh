@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-server`, `llama-bench` and `llama-quantize` (CPU only) from the llama.cpp
+# Builds llama.cpp's `llama-server`, `llama-bench`, `llama-quantize` and `llama-perplexity` (CPU only) from the llama.cpp
 # source tree that the `llama-cpp-python` sdist on PyPI vendors, plus the shared library libllama
 # that bench/llamacpp/reference.py drives through ctypes.
 #
@@ -18,6 +18,7 @@ SRC="$CACHE/src"
 BUILD="$CACHE/build-cpu"  # not "build": the GGML_NATIVE builds of earlier versions of this script
 
 if [[ -x "$BUILD/bin/llama-server" && -x "$BUILD/bin/llama-bench" && -x "$BUILD/bin/llama-quantize" \
+      && -x "$BUILD/bin/llama-perplexity" \
       && -n "$(ls "$BUILD"/bin/libllama.so* 2>/dev/null)" ]]; then
   echo "llama.cpp (llama-cpp-python $VERSION) already built" >&2
   echo "$BUILD"
@@ -82,7 +83,7 @@ grep -q 'LLAMA_BUILD_UI' "$LLAMA/CMakeLists.txt" && opts+=(-DLLAMA_BUILD_UI=OFF)
 grep -q 'GGML_OPENMP' "$LLAMA/ggml/CMakeLists.txt" 2>/dev/null && opts+=(-DGGML_OPENMP=ON)
 
 "$CMAKE" -S "$LLAMA" -B "$BUILD" "${opts[@]}" >&2
-"$CMAKE" --build "$BUILD" -j "$JOBS" --target llama-server llama-bench llama-quantize llama >&2
+"$CMAKE" --build "$BUILD" -j "$JOBS" --target llama-server llama-bench llama-quantize llama-perplexity llama >&2
 # libllama / libggml land next to the binaries in current trees; copy them there otherwise.
 find "$BUILD" -name 'lib*.so*' -not -path "$BUILD/bin/*" -exec cp -P {} "$BUILD/bin/" \; 2>/dev/null || true
 echo "$BUILD"

@@ -15,12 +15,14 @@ mod pool;
 mod qdot;
 #[cfg(target_arch = "x86_64")]
 mod qdot_avx512;
+mod qpanels;
 pub mod simd;
 #[cfg(test)]
 mod test_data;
 
 pub use elementwise::{max_lanes, softmax_in_place};
 pub use packed::Packed;
+pub use qpanels::QPanels;
 pub use simd::Isa;
 
 use crate::Kernels;
@@ -29,13 +31,16 @@ use crate::weight::HostWeight;
 use matmul::MatmulShape;
 
 /// A weight as the CPU kernels hold it: float matrices of 16 rows or more repacked into panels for the
-/// outer-product matmul ([`Packed`]); vectors and quantized matrices in their stored layout.
+/// outer-product matmul ([`Packed`]), Q8_0 and Q5_0 matrices into integer panels with AVX-512
+/// VNNI ([`QPanels`]); vectors and other quantized matrices in their stored layout.
 #[derive(Debug)]
 pub enum CpuWeight {
     /// The stored layout (zero-copy over the model file).
     Host(HostWeight),
     /// Panel layout, owned.
     Packed(Packed),
+    /// Integer panel layout (Q8_0, Q5_0), owned.
+    QPanels(QPanels),
 }
 
 impl CpuWeight {
@@ -45,6 +50,7 @@ impl CpuWeight {
         match self {
             CpuWeight::Host(h) => std::borrow::Cow::Borrowed(h),
             CpuWeight::Packed(p) => std::borrow::Cow::Owned(p.to_host()),
+            CpuWeight::QPanels(p) => std::borrow::Cow::Owned(p.to_host()),
         }
     }
 }
@@ -97,6 +103,11 @@ impl Kernels for CpuKernels {
     }
 
     fn upload(&self, w: &HostWeight) -> CpuWeight {
+        if self.isa == Isa::Avx512
+            && let Some(p) = self.pool.scope(|| QPanels::pack(w))
+        {
+            return CpuWeight::QPanels(p);
+        }
         match self.pool.scope(|| Packed::pack(w)) {
             Some(p) => CpuWeight::Packed(p),
             // Vectors (norms, biases) are copied, so a model whose matrices were all packed does not keep
@@ -123,6 +134,12 @@ impl Kernels for CpuKernels {
                     t.row_to_f32(id as usize, &mut out[r * dim..(r + 1) * dim]);
                 }
             }
+            CpuWeight::QPanels(t) => {
+                let dim = t.cols();
+                for (r, &id) in ids.iter().enumerate() {
+                    t.row_to_f32(id as usize, &mut out[r * dim..(r + 1) * dim]);
+                }
+            }
         }
     }
 
@@ -131,6 +148,7 @@ impl Kernels for CpuKernels {
         let bias = bias.as_ref().map(|b| b.data());
         match w {
             CpuWeight::Packed(p) => packed::matmul(self.isa, x, rows, p, bias, out),
+            CpuWeight::QPanels(p) => qpanels::matmul(x, rows, p, bias, out),
             CpuWeight::Host(w) => {
                 let shape = MatmulShape {
                     rows,

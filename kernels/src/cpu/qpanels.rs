@@ -1,0 +1,732 @@
+//! Q8_0, Q5_0 and Q4_K weight matrices repacked into panels of 16 rows for an outer-product integer matmul
+//! on AVX-512 VNNI: every weight byte decoded feeds up to 4 activation rows, and each output's block
+//! sum is finished in its own 32-bit lane (no horizontal reduction: one conversion and one FMA per
+//! block for 16 outputs), where the row-layout tiles (`qdot_avx512`) spend a conversion and an FMA
+//! per pair of blocks for every single output.
+//!
+//! Layout: the `n × k` matrix is cut into panels of [`NR`] consecutive rows (the last one padded with
+//! zero rows). The products run in units of 32 columns (one activation block); a panel holds its
+//! units in chunks ([`Format::UNITS`] units, [`Format::CHUNK`] bytes, a whole number of cache lines).
+//! Values are unsigned (`vpdpbusd` multiplies unsigned bytes by signed ones; the activations are the
+//! signed side, broadcast 4 bytes at a time) and read in groups of 64 bytes: group `g` of a unit
+//! holds its values `4g..4g+4` of the 16 rows, row after row.
+//! - Q8_0, a chunk of two blocks (1088 bytes): the 16 rows' f16 scales of the even block (32 bytes),
+//!   those of the odd block, then each block's 8 groups, each value stored as `q + 128` (a flip of the
+//!   top bit).
+//! - Q5_0, two blocks (704 bytes): the two blocks' scales as for Q8_0, then per block the low nibbles
+//!   as 4 vectors of 64 bytes (lane `j` holds bytes `4v..4v+4` of row `j`'s 16 nibble bytes: low
+//!   nibbles are group `v`, high nibbles group `v + 4`, as in the file) and one vector of fifth bits
+//!   (lane `j`'s bit `8i + g` is value `4g + i`'s fifth bit), so group `g` is an `and`, a shift and an
+//!   `or` away; values are `q + 16 ∈ 0..32`.
+//! - Q4_K, one super-block of 8 units (2368 bytes): the rows' f16 `d` and `dmin` (32 bytes each),
+//!   each unit's 6-bit scales (16 bytes, one per row) and minimums (16 bytes), then 4 unit pairs of
+//!   8 vectors (lane `j` holds bytes `4v..4v+4` of row `j`'s 32 bytes of the pair: low nibbles are
+//!   the even unit's group `v`, high nibbles the odd unit's). Values are `q ∈ 0..16`.
+//!
+//! Arithmetic: for activation row `r` and weight row `j`, per unit `u`:
+//! `S = Σ x_q · v − OFFSET · Σ x_q` with `v` the stored unsigned values (`OFFSET` 128, 16 or 0) —
+//! exact in 32 bits; the accumulator starts at `−OFFSET · Σ x_q` — then `acc += f32(S) · (d_w · d_x)`
+//! (one FMA; Q4_K's `d_w` is `d · sc`, computed in f32, exact), and for Q4_K
+//! `acc −= (dmin · m) · s_x` (`s_x = d_x · Σ x_q` rounded to f16, as ggml's `block_q8_1` and the row
+//! tiles hold it); units in order; the bias (0 without one) last.
+//! Invariants: each output is that chain, whatever the tile (1–4 rows, 1–4 panels), the batch or the
+//! thread count, so a row's outputs are bit-identical alone or in any batch. It differs from the
+//! row-layout tiles in rounding order only (those fuse two blocks' lanes into one 16-lane sum).
+//!
+//! Used when the CPU has AVX-512 VNNI (`Isa::Avx512`); the AVX2 path keeps the stored layout. The
+//! packed copy has the file's size (the same bytes, rearranged) and is owned.
+
+use super::pool;
+use crate::quant::QuantKind;
+use crate::weight::{DType, HostWeight, WeightData};
+
+/// Weight rows per panel (one 16-lane register).
+pub(crate) const NR: usize = 16;
+
+/// One cache line; the buffer is made of them so panels start 64-byte aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// How one block format is stored in panels.
+pub(crate) trait Format {
+    /// Bytes of one block in the file.
+    const BLOCK: usize;
+    /// Units of 32 values in one block of the file.
+    const BLOCK_UNITS: usize;
+    /// Units in one chunk of a panel.
+    const UNITS: usize;
+    /// Bytes of one chunk (16 rows).
+    const CHUNK: usize;
+    /// What the stored unsigned values exceed the signed ones by.
+    const OFFSET: i32;
+    /// Row `j`'s block `src` (file layout), the `b`-th block of the row, into its chunk.
+    fn pack(src: &[u8], b: usize, j: usize, chunk: &mut [u8]);
+    /// The inverse of [`Format::pack`].
+    fn unpack(chunk: &[u8], b: usize, j: usize, dst: &mut [u8]);
+}
+
+/// Q8_0: an f16 scale and 32 signed bytes.
+pub(crate) struct Q8;
+/// Q5_0: an f16 scale, 32 fifth bits, 16 bytes of nibbles; value `q − 16`.
+pub(crate) struct Q5;
+/// Q4_K: f16 `d` and `dmin`, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles.
+pub(crate) struct Q4k;
+
+/// Q8_0 and Q5_0 chunks: two blocks' f16 scales (32 bytes each), then each block's values.
+const fn two_blocks(values: usize) -> usize {
+    64 + 2 * values
+}
+
+impl Format for Q8 {
+    const BLOCK: usize = 34;
+    const BLOCK_UNITS: usize = 1;
+    const UNITS: usize = 2;
+    const CHUNK: usize = two_blocks(8 * 64);
+    const OFFSET: i32 = 128;
+    fn pack(src: &[u8], b: usize, j: usize, chunk: &mut [u8]) {
+        chunk[(b % 2) * 32 + 2 * j..][..2].copy_from_slice(&src[..2]);
+        let values = &mut chunk[64 + (b % 2) * 512..];
+        for g in 0..8 {
+            for i in 0..4 {
+                values[g * 64 + 4 * j + i] = src[2 + 4 * g + i] ^ 0x80;
+            }
+        }
+    }
+    fn unpack(chunk: &[u8], b: usize, j: usize, dst: &mut [u8]) {
+        dst[..2].copy_from_slice(&chunk[(b % 2) * 32 + 2 * j..][..2]);
+        let values = &chunk[64 + (b % 2) * 512..];
+        for g in 0..8 {
+            for i in 0..4 {
+                dst[2 + 4 * g + i] = values[g * 64 + 4 * j + i] ^ 0x80;
+            }
+        }
+    }
+}
+
+impl Format for Q5 {
+    const BLOCK: usize = 22;
+    const BLOCK_UNITS: usize = 1;
+    const UNITS: usize = 2;
+    const CHUNK: usize = two_blocks(5 * 64);
+    const OFFSET: i32 = 16;
+    fn pack(src: &[u8], b: usize, j: usize, chunk: &mut [u8]) {
+        chunk[(b % 2) * 32 + 2 * j..][..2].copy_from_slice(&src[..2]);
+        let values = &mut chunk[64 + (b % 2) * 320..];
+        let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+        let mut h = 0u32;
+        for g in 0..8 {
+            for i in 0..4 {
+                h |= ((qh >> (4 * g + i)) & 1) << (8 * i + g);
+            }
+        }
+        for v in 0..4 {
+            values[v * 64 + 4 * j..v * 64 + 4 * j + 4].copy_from_slice(&src[6 + 4 * v..6 + 4 * v + 4]);
+        }
+        values[256 + 4 * j..256 + 4 * j + 4].copy_from_slice(&h.to_le_bytes());
+    }
+    fn unpack(chunk: &[u8], b: usize, j: usize, dst: &mut [u8]) {
+        let values = &chunk[64 + (b % 2) * 320..];
+        let h = &values[256 + 4 * j..256 + 4 * j + 4];
+        let h = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+        let mut qh = 0u32;
+        for g in 0..8 {
+            for i in 0..4 {
+                qh |= ((h >> (8 * i + g)) & 1) << (4 * g + i);
+            }
+        }
+        dst[..2].copy_from_slice(&chunk[(b % 2) * 32 + 2 * j..][..2]);
+        dst[2..6].copy_from_slice(&qh.to_le_bytes());
+        for v in 0..4 {
+            dst[6 + 4 * v..6 + 4 * v + 4].copy_from_slice(&values[v * 64 + 4 * j..v * 64 + 4 * j + 4]);
+        }
+    }
+}
+
+/// Q4_K chunk offsets: `d`, `dmin`, the units' scales, minimums and values.
+const Q4K_SC: usize = 64;
+const Q4K_M: usize = 64 + 8 * 16;
+const Q4K_VALUES: usize = 64 + 16 * 16;
+
+impl Format for Q4k {
+    const BLOCK: usize = 144;
+    const BLOCK_UNITS: usize = 8;
+    const UNITS: usize = 8;
+    const CHUNK: usize = Q4K_VALUES + 4 * 512;
+    const OFFSET: i32 = 0;
+    fn pack(src: &[u8], _: usize, j: usize, chunk: &mut [u8]) {
+        chunk[2 * j..2 * j + 2].copy_from_slice(&src[..2]);
+        chunk[32 + 2 * j..32 + 2 * j + 2].copy_from_slice(&src[2..4]);
+        for u in 0..8 {
+            let (sc, m) = crate::quant::scale_min_k4(u, &src[4..16]);
+            chunk[Q4K_SC + 16 * u + j] = sc;
+            chunk[Q4K_M + 16 * u + j] = m;
+        }
+        for n in 0..4 {
+            for v in 0..8 {
+                let at = Q4K_VALUES + 512 * n + 64 * v + 4 * j;
+                chunk[at..at + 4].copy_from_slice(&src[16 + 32 * n + 4 * v..][..4]);
+            }
+        }
+    }
+    fn unpack(chunk: &[u8], _: usize, j: usize, dst: &mut [u8]) {
+        dst[..2].copy_from_slice(&chunk[2 * j..2 * j + 2]);
+        dst[2..4].copy_from_slice(&chunk[32 + 2 * j..32 + 2 * j + 2]);
+        let sc = |u: usize| chunk[Q4K_SC + 16 * u + j];
+        let m = |u: usize| chunk[Q4K_M + 16 * u + j];
+        // ggml's 12-byte packing of eight 6-bit scales and minimums (`scale_min_k4` reads it back).
+        let q = &mut dst[4..16];
+        for u in 0..4 {
+            q[u] = sc(u) | ((sc(u + 4) >> 4) << 6);
+            q[u + 4] = m(u) | ((m(u + 4) >> 4) << 6);
+            q[u + 8] = (sc(u + 4) & 0xF) | ((m(u + 4) & 0xF) << 4);
+        }
+        for n in 0..4 {
+            for v in 0..8 {
+                let at = Q4K_VALUES + 512 * n + 64 * v + 4 * j;
+                dst[16 + 32 * n + 4 * v..][..4].copy_from_slice(&chunk[at..at + 4]);
+            }
+        }
+    }
+}
+
+/// A Q8_0 or Q5_0 matrix in panel layout (see the module header).
+pub struct QPanels {
+    kind: QuantKind,
+    rows: usize,
+    cols: usize,
+    buf: Vec<Line>,
+}
+
+impl std::fmt::Debug for QPanels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QPanels({}x{} {:?})", self.rows, self.cols, self.kind)
+    }
+}
+
+impl QPanels {
+    /// Repacks `w` when it is a Q8_0, Q5_0 or Q4_K matrix of at least [`NR`] rows; `None` otherwise.
+    pub fn pack(w: &HostWeight) -> Option<Self> {
+        match w.data() {
+            WeightData::Quant(QuantKind::Q8_0, bytes) => Self::pack_as::<Q8>(QuantKind::Q8_0, w, bytes),
+            WeightData::Quant(QuantKind::Q5_0, bytes) => Self::pack_as::<Q5>(QuantKind::Q5_0, w, bytes),
+            WeightData::Quant(QuantKind::Q4K, bytes) => Self::pack_as::<Q4k>(QuantKind::Q4K, w, bytes),
+            _ => None,
+        }
+    }
+
+    fn pack_as<F: Format>(kind: QuantKind, w: &HostWeight, bytes: &[u8]) -> Option<Self> {
+        let (rows, cols) = (w.rows(), w.cols());
+        if rows < NR {
+            return None;
+        }
+        let nb = cols / 32 / F::BLOCK_UNITS;
+        let blocks_per_chunk = F::UNITS / F::BLOCK_UNITS;
+        let panel_lines = nb.div_ceil(blocks_per_chunk) * F::CHUNK / 64;
+        let mut buf = vec![Line([0; 64]); rows.div_ceil(NR) * panel_lines];
+        pool::for_each_chunk(&mut buf, panel_lines, 1, |p, lines| {
+            // SAFETY: `Line` is 64 plain bytes with no padding.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), lines.len() * 64) };
+            // Padding rows (past `rows`) stay zero: scale 0, so their (discarded) sums are 0.
+            for j in 0..NR.min(rows - p * NR) {
+                let row = p * NR + j;
+                for b in 0..nb {
+                    let c = b / blocks_per_chunk;
+                    let src = &bytes[(row * nb + b) * F::BLOCK..(row * nb + b + 1) * F::BLOCK];
+                    F::pack(src, b, j, &mut out[c * F::CHUNK..(c + 1) * F::CHUNK]);
+                }
+            }
+        });
+        Some(Self {
+            kind,
+            rows,
+            cols,
+            buf,
+        })
+    }
+
+    /// Output rows (`n`).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns (`k`).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Line` is 64 plain bytes with no padding.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.buf.len() * 64) }
+    }
+
+    /// Bytes of one panel.
+    fn panel_bytes(&self) -> usize {
+        fn of<F: Format>(cols: usize) -> usize {
+            (cols / 32).div_ceil(F::UNITS) * F::CHUNK
+        }
+        match self.kind {
+            QuantKind::Q8_0 => of::<Q8>(self.cols),
+            QuantKind::Q5_0 => of::<Q5>(self.cols),
+            _ => of::<Q4k>(self.cols),
+        }
+    }
+
+    /// Row `j` in the file's layout.
+    fn row_in_file_layout(&self, j: usize) -> Vec<u8> {
+        match self.kind {
+            QuantKind::Q8_0 => self.row_as::<Q8>(j),
+            QuantKind::Q5_0 => self.row_as::<Q5>(j),
+            _ => self.row_as::<Q4k>(j),
+        }
+    }
+
+    fn row_as<F: Format>(&self, j: usize) -> Vec<u8> {
+        let panel = &self.bytes()[(j / NR) * self.panel_bytes()..];
+        let per_chunk = F::UNITS / F::BLOCK_UNITS;
+        let mut row = vec![0u8; self.cols / 32 / F::BLOCK_UNITS * F::BLOCK];
+        for (b, blk) in row.chunks_exact_mut(F::BLOCK).enumerate() {
+            F::unpack(&panel[(b / per_chunk) * F::CHUNK..], b, j % NR, blk);
+        }
+        row
+    }
+
+    /// Row `j` as f32 (embedding lookups).
+    pub fn row_to_f32(&self, j: usize, out: &mut [f32]) {
+        crate::quant::dequantize_row(self.kind, &self.row_in_file_layout(j), &mut out[..self.cols]);
+    }
+
+    /// The matrix in the file's layout again.
+    pub fn to_host(&self) -> HostWeight {
+        let bytes: Vec<u8> = (0..self.rows).flat_map(|j| self.row_in_file_layout(j)).collect();
+        let len = bytes.len();
+        HostWeight::new(
+            std::sync::Arc::new(bytes),
+            0,
+            len,
+            DType::Quant(self.kind),
+            self.rows,
+            self.cols,
+        )
+        .expect("a matrix rebuilt from its own panels has its own shape")
+    }
+}
+
+/// Raw output pointer shared by the panel tasks; each task writes its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (distinct columns) and the borrow of `out` outlives the loop.
+unsafe impl Send for OutPtr {}
+// SAFETY: a shared `&OutPtr` only yields copies of the address; every write through one is to the
+// writing task's own columns, as above, and nothing reads `out` during the loop.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element at `i` (a method, so closures capture the whole `OutPtr`, which is `Sync`).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// `out = x · Wᵀ (+ bias)`, `x` being `rows × k`.
+///
+/// # Panics
+/// If the CPU lacks AVX-512 VNNI (callers pack only for `Isa::Avx512`) or the shapes disagree.
+pub(crate) fn matmul(x: &[f32], rows: usize, w: &QPanels, bias: Option<WeightData<'_>>, out: &mut [f32]) {
+    let (k, n) = (w.cols, w.rows);
+    assert!(
+        x.len() >= rows * k && out.len() >= rows * n,
+        "matmul shape mismatch"
+    );
+    assert!(
+        super::simd::Isa::Avx512.is_available(),
+        "integer panels need AVX-512 VNNI"
+    );
+    if let Some(b) = bias {
+        assert_eq!(b.len(), n, "bias length");
+    }
+    if rows == 0 {
+        return;
+    }
+    let xq = super::qdot::quantize_rows(x, rows, k);
+    let sums: Vec<i32> = xq
+        .iter()
+        .map(|b| b.qs.iter().map(|&q| i32::from(q)).sum())
+        .collect();
+    let nb = k / 32;
+    let panels = n.div_ceil(NR);
+    let pb = w.panel_bytes();
+    // Panels per task: a block of them stays in L2 (256 KiB) while every row tile passes over it,
+    // and at least 4 tasks per thread for balance.
+    let by_cache = (256 * 1024 / pb).clamp(1, 64);
+    let per_task = by_cache.min(panels.div_ceil(4 * pool::threads())).max(1);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let base = w.bytes();
+    let mut bias_f32 = vec![0.0f32; n];
+    if let Some(b) = bias {
+        b.copy_to_f32(0, &mut bias_f32);
+    }
+    let bias = &bias_f32;
+    pool::for_each(panels.div_ceil(per_task), |t| {
+        let (p0, p1) = (t * per_task, ((t + 1) * per_task).min(panels));
+        let mut r = 0;
+        while r < rows {
+            let tile = (rows - r).min(4);
+            let step = if tile == 1 { 4 } else { 2 };
+            let mut p = p0;
+            while p < p1 {
+                let np = (p1 - p).min(step);
+                let mut acc = [[[0.0f32; NR]; 4]; 4];
+                let xs = &xq[r * nb..(r + tile) * nb];
+                let ss = &sums[r * nb..(r + tile) * nb];
+                let ws = &base[p * pb..(p + np) * pb];
+                // SAFETY: AVX-512 VNNI was asserted above; `ws` holds `np` whole panels of `nb`
+                // blocks of `w.kind`, `xs`/`ss` `tile` rows of `nb` blocks (the arguments' lengths).
+                unsafe { x86::tile_dispatch(w.kind, tile, np, nb, pb, ws, xs, ss, &mut acc) };
+                for (i, row) in acc[..tile].iter().enumerate() {
+                    for (q, lanes) in row[..np].iter().enumerate() {
+                        let c0 = (p + q) * NR;
+                        let m = NR.min(n - c0);
+                        // SAFETY: columns `c0..c0 + m` (`≤ n`) belong to this task; `r + i < rows`, so
+                        // the `m` outputs lie inside `out`, which nothing else touches meanwhile.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.at((r + i) * n + c0), m) };
+                        for ((o, v), b) in dst.iter_mut().zip(lanes).zip(&bias[c0..c0 + m]) {
+                            *o = v + b;
+                        }
+                    }
+                }
+                p += np;
+            }
+            r += tile;
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Format, NR, Q4K_M, Q4K_SC, Q4K_VALUES, Q4k, Q5, Q8};
+    use crate::cpu::qdot::Q8Block;
+    use crate::quant::QuantKind;
+    use std::arch::x86_64::*;
+
+    /// How the tile reads one unit of 32 values of a chunk.
+    pub(super) trait Unit: Format {
+        /// Whether the format has minimums (`acc −= min · s_x` per unit).
+        const HAS_MIN: bool;
+        /// Unit `i` of the chunk at `chunk`: the 16 rows' scales `d_w`, minimums (zero without),
+        /// and where its groups are read from.
+        ///
+        /// # Safety
+        /// AVX-512 F and F16C available; `chunk` points at [`Format::CHUNK`] readable bytes; `i <
+        /// UNITS`.
+        unsafe fn unit(chunk: *const u8, i: usize) -> (__m512, __m512, *const u8);
+        /// Group `g` of unit `i`, whose values [`Unit::unit`] located at `values`.
+        ///
+        /// # Safety
+        /// AVX-512 F/BW available; `values` from [`Unit::unit`] for unit `i`; `g < 8`.
+        unsafe fn group(values: *const u8, i: usize, g: usize) -> __m512i;
+    }
+
+    impl Unit for Q8 {
+        const HAS_MIN: bool = false;
+        #[inline(always)]
+        unsafe fn unit(chunk: *const u8, i: usize) -> (__m512, __m512, *const u8) {
+            // SAFETY: block `i < 2`'s scales at 32 · i and values at 64 + 512 · i lie in the chunk.
+            unsafe {
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(chunk.add(32 * i).cast()));
+                (dw, _mm512_setzero_ps(), chunk.add(64 + 512 * i))
+            }
+        }
+        #[inline(always)]
+        unsafe fn group(values: *const u8, _: usize, g: usize) -> __m512i {
+            // SAFETY: group `g < 8` lies within the block's 512 value bytes (our contract).
+            unsafe { _mm512_loadu_si512(values.add(g * 64).cast()) }
+        }
+    }
+
+    impl Unit for Q5 {
+        const HAS_MIN: bool = false;
+        #[inline(always)]
+        unsafe fn unit(chunk: *const u8, i: usize) -> (__m512, __m512, *const u8) {
+            // SAFETY: block `i < 2`'s scales at 32 · i and values at 64 + 320 · i lie in the chunk.
+            unsafe {
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(chunk.add(32 * i).cast()));
+                (dw, _mm512_setzero_ps(), chunk.add(64 + 320 * i))
+            }
+        }
+        #[inline(always)]
+        unsafe fn group(values: *const u8, _: usize, g: usize) -> __m512i {
+            // SAFETY: nibble vector `g % 4` and the fifth-bit vector at 256 lie within the block's 320
+            // value bytes (our contract); the rest is register arithmetic (AVX-512 F/BW available).
+            unsafe {
+                let n = _mm512_loadu_si512(values.add((g % 4) * 64).cast());
+                let n = if g < 4 { n } else { _mm512_srli_epi16::<4>(n) };
+                let low = _mm512_and_si512(n, _mm512_set1_epi8(0x0F));
+                let h = _mm512_and_si512(
+                    _mm512_loadu_si512(values.add(256).cast()),
+                    _mm512_set1_epi32(0x0101_0101 << g),
+                );
+                // Bit `8i + g` to bit `8i + 4`: the fifth bit of each byte's value.
+                let h = if g <= 4 {
+                    _mm512_sll_epi32(h, _mm_cvtsi32_si128(4 - g as i32))
+                } else {
+                    _mm512_srl_epi32(h, _mm_cvtsi32_si128(g as i32 - 4))
+                };
+                _mm512_or_si512(low, h)
+            }
+        }
+    }
+
+    impl Unit for Q4k {
+        const HAS_MIN: bool = true;
+        #[inline(always)]
+        unsafe fn unit(chunk: *const u8, i: usize) -> (__m512, __m512, *const u8) {
+            // SAFETY: `d` at 0, `dmin` at 32, unit `i < 8`'s scales and minimums (16 bytes each) and
+            // its pair's values at `Q4K_VALUES + 512 · (i / 2)` lie in the chunk.
+            unsafe {
+                let bytes = |at: usize| {
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(chunk.add(at).cast())))
+                };
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(chunk.cast()));
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(chunk.add(32).cast()));
+                (
+                    _mm512_mul_ps(d, bytes(Q4K_SC + 16 * i)),
+                    _mm512_mul_ps(dmin, bytes(Q4K_M + 16 * i)),
+                    chunk.add(Q4K_VALUES + 512 * (i / 2)),
+                )
+            }
+        }
+        #[inline(always)]
+        unsafe fn group(values: *const u8, i: usize, g: usize) -> __m512i {
+            // SAFETY: vector `g < 8` of the unit pair's 512 value bytes (our contract); the even unit
+            // takes the low nibbles, the odd one the high ones.
+            unsafe {
+                let n = _mm512_loadu_si512(values.add(g * 64).cast());
+                let n = if i.is_multiple_of(2) { n } else { _mm512_srli_epi16::<4>(n) };
+                _mm512_and_si512(n, _mm512_set1_epi8(0x0F))
+            }
+        }
+    }
+
+    /// [`tile`] for `kind` (Q8_0, Q5_0 or Q4_K), `rows` (1–4) activation rows and `np` (1–4) panels.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI and F16C available; `ws` holds `np` panels of `pb` bytes with `nb`
+    /// blocks of `kind` each; `xs` and `ss` hold `rows · nb` blocks and sums.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_dispatch(
+        kind: QuantKind,
+        rows: usize,
+        np: usize,
+        nb: usize,
+        pb: usize,
+        ws: &[u8],
+        xs: &[Q8Block],
+        ss: &[i32],
+        acc: &mut [[[f32; NR]; 4]; 4],
+    ) {
+        debug_assert!(ws.len() >= np * pb && xs.len() >= rows * nb && ss.len() >= rows * nb);
+        macro_rules! go {
+            ($f:ty, $r:literal, $p:literal) => {
+                // SAFETY: our contract, with `$f` the format of `kind`, `$r == rows`, `$p == np`.
+                unsafe { tile::<$f, $r, $p>(nb, pb, ws.as_ptr(), xs, ss, acc) }
+            };
+        }
+        macro_rules! shapes {
+            ($f:ty) => {
+                match (rows, np) {
+                    (1, 1) => go!($f, 1, 1),
+                    (1, 2) => go!($f, 1, 2),
+                    (1, 3) => go!($f, 1, 3),
+                    (1, _) => go!($f, 1, 4),
+                    (2, 1) => go!($f, 2, 1),
+                    (2, _) => go!($f, 2, 2),
+                    (3, 1) => go!($f, 3, 1),
+                    (3, _) => go!($f, 3, 2),
+                    (_, 1) => go!($f, 4, 1),
+                    _ => go!($f, 4, 2),
+                }
+            };
+        }
+        match kind {
+            QuantKind::Q8_0 => shapes!(Q8),
+            QuantKind::Q5_0 => shapes!(Q5),
+            _ => shapes!(Q4k),
+        }
+    }
+
+    /// `R` activation rows against `P` panels, every block (see the module header).
+    ///
+    /// # Safety
+    /// As for [`tile_dispatch`] with `F` the format, `R == rows`, `P == np`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn tile<F: Unit, const R: usize, const P: usize>(
+        nb: usize,
+        pb: usize,
+        ws: *const u8,
+        xs: &[Q8Block],
+        ss: &[i32],
+        out: &mut [[[f32; NR]; 4]; 4],
+    ) {
+        let mut facc = [[_mm512_setzero_ps(); P]; R];
+        for u in 0..nb {
+            let (c, i) = (u / F::UNITS, u % F::UNITS);
+            // SAFETY: panel `q < P`'s chunk `c` lies within `ws` (our contract: `nb` units a panel).
+            let units: [(__m512, __m512, *const u8); P] =
+                std::array::from_fn(|q| unsafe { F::unit(ws.add(q * pb + c * F::CHUNK), i) });
+            let mut iacc: [[__m512i; P]; R] =
+                std::array::from_fn(|r| [_mm512_set1_epi32(-F::OFFSET * ss[r * nb + u]); P]);
+            let x: [&Q8Block; R] = std::array::from_fn(|r| &xs[r * nb + u]);
+            for g in 0..8 {
+                // SAFETY: each unit's values located by `F::unit` (above); `g < 8`.
+                let wv: [__m512i; P] = std::array::from_fn(|q| unsafe { F::group(units[q].2, i, g) });
+                for r in 0..R {
+                    let q4 = &x[r].qs[4 * g..4 * g + 4];
+                    let xb = _mm512_set1_epi32(i32::from_le_bytes([
+                        q4[0] as u8,
+                        q4[1] as u8,
+                        q4[2] as u8,
+                        q4[3] as u8,
+                    ]));
+                    for q in 0..P {
+                        iacc[r][q] = _mm512_dpbusd_epi32(iacc[r][q], wv[q], xb);
+                    }
+                }
+            }
+            for r in 0..R {
+                let dx = _mm512_set1_ps(x[r].d);
+                for q in 0..P {
+                    let scale = _mm512_mul_ps(units[q].0, dx);
+                    facc[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][q]), scale, facc[r][q]);
+                    if F::HAS_MIN {
+                        facc[r][q] = _mm512_fnmadd_ps(units[q].1, _mm512_set1_ps(x[r].s), facc[r][q]);
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            for q in 0..P {
+                // SAFETY: `out[r][q]` is 16 f32s.
+                unsafe { _mm512_storeu_ps(out[r][q].as_mut_ptr(), facc[r][q]) };
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod x86 {
+    /// Never reached: panels are only built for `Isa::Avx512`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_dispatch(
+        _: crate::quant::QuantKind,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: &[u8],
+        _: &[crate::cpu::qdot::Q8Block],
+        _: &[i32],
+        _: &mut [[[f32; super::NR]; 4]; 4],
+    ) {
+        unreachable!("integer panels off x86-64")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::simd::Isa;
+
+    fn lcg(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn panels_round_trip_and_match_the_row_tiles() {
+        if !Isa::Avx512.is_available() {
+            eprintln!("skipped: no AVX-512 VNNI here");
+            return;
+        }
+        let pool = pool::Pool::new(2);
+        for kind in [QuantKind::Q8_0, QuantKind::Q5_0, QuantKind::Q4K] {
+            let shapes: &[(usize, usize, usize)] = if kind == QuantKind::Q4K {
+                &[
+                    (1, 256, 16),
+                    (3, 512, 17),
+                    (4, 256, 40),
+                    (9, 1536, 33),
+                    (16, 1536, 50),
+                ]
+            } else {
+                &[
+                    (1, 32, 16),
+                    (3, 64, 17),
+                    (4, 96, 40),
+                    (9, 576, 33),
+                    (16, 1536, 50),
+                ]
+            };
+            for &(rows, k, n) in shapes {
+                let bytes = crate::quant::test_blocks::blocks(kind, n * k / kind.block_elems());
+                let len = bytes.len();
+                let w =
+                    HostWeight::new(std::sync::Arc::new(bytes), 0, len, DType::Quant(kind), n, k).unwrap();
+                let p = pool.scope(|| QPanels::pack(&w)).unwrap();
+                let case = format!("{kind:?} {rows}x{k}x{n}");
+                // The file's bytes come back, and embedding rows dequantize as the file's.
+                let WeightData::Quant(_, want) = w.data() else {
+                    unreachable!()
+                };
+                let back = p.to_host();
+                let WeightData::Quant(_, got) = back.data() else {
+                    unreachable!()
+                };
+                assert!(got == want, "{case}: round trip");
+                let (mut row, mut deq) = (vec![0.0; k], vec![0.0; k]);
+                p.row_to_f32(n - 1, &mut row);
+                let rb = k / kind.block_elems() * kind.block_bytes();
+                crate::quant::dequantize_row(kind, &want[(n - 1) * rb..n * rb], &mut deq);
+                assert_eq!(row, deq, "{case}: last row");
+
+                // Against the row-layout integer tiles: the same integer sums, rounding order apart.
+                let x = lcg(3, rows * k);
+                let b = HostWeight::from_f32(&lcg(5, n), 1, n).unwrap();
+                let mut ours = vec![0.0; rows * n];
+                pool.scope(|| matmul(&x, rows, &p, Some(b.data()), &mut ours));
+                let mut theirs = vec![0.0; rows * n];
+                let shape = crate::cpu::matmul::MatmulShape { rows, k, n };
+                pool.scope(|| {
+                    crate::cpu::matmul::matmul(Isa::Avx512, &x, w.data(), Some(b.data()), shape, &mut theirs)
+                });
+                let mut deq = vec![0.0; n * k];
+                w.data().copy_to_f32(0, &mut deq);
+                for (i, (a, t)) in ours.iter().zip(&theirs).enumerate() {
+                    let (r, c) = (i / n, i % n);
+                    let scale: f32 = (0..k).map(|j| (x[r * k + j] * deq[c * k + j]).abs()).sum();
+                    assert!((a - t).abs() <= 1e-5 * (1.0 + scale), "{case} at {i}: {a} vs {t}");
+                }
+                // Batch invariance: each row alone gives the same bits.
+                for r in 0..rows {
+                    let mut alone = vec![0.0; n];
+                    pool.scope(|| matmul(&x[r * k..(r + 1) * k], 1, &p, Some(b.data()), &mut alone));
+                    assert!(
+                        alone
+                            .iter()
+                            .zip(&ours[r * n..(r + 1) * n])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{case}: row {r} alone differs"
+                    );
+                }
+            }
+        }
+    }
+}
