@@ -1,5 +1,5 @@
-//! Q8_0, Q5_0 and Q4_K weight matrices repacked into panels of 16 rows for an outer-product integer matmul
-//! on AVX-512 VNNI: every weight byte decoded feeds up to 4 activation rows, and each output's block
+//! Quantized weight matrices (every format: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) repacked into
+//! panels of 16 rows for an outer-product integer matmul on AVX-512 VNNI: every weight byte decoded feeds up to 4 activation rows, and each output's block
 //! sum is finished in its own 32-bit lane (no horizontal reduction: one conversion and one FMA per
 //! block for 16 outputs), where the row-layout tiles (`qdot_avx512`) spend a conversion and an FMA
 //! per pair of blocks for every single output.
@@ -13,28 +13,34 @@
 //! - Q8_0, a chunk of two blocks (1088 bytes): the 16 rows' f16 scales of the even block (32 bytes),
 //!   those of the odd block, then each block's 8 groups, each value stored as `q + 128` (a flip of the
 //!   top bit).
-//! - Q5_0, two blocks (704 bytes): the two blocks' scales as for Q8_0, then per block the low nibbles
-//!   as 4 vectors of 64 bytes (lane `j` holds bytes `4v..4v+4` of row `j`'s 16 nibble bytes: low
-//!   nibbles are group `v`, high nibbles group `v + 4`, as in the file) and one vector of fifth bits
-//!   (lane `j`'s bit `8i + g` is value `4g + i`'s fifth bit), so group `g` is an `and`, a shift and an
-//!   `or` away; values are `q + 16 ∈ 0..32`.
+//! - Q4_0, Q4_1, Q5_0, Q5_1, two blocks (576, 640, 704, 768 bytes): the two blocks' scales as for
+//!   Q8_0, (Q4_1, Q5_1) their minimums likewise, then per block the nibbles as 4 vectors of 64 bytes
+//!   (lane `j` holds bytes `4v..4v+4` of row `j`'s 16 nibble bytes: low nibbles are group `v`, high
+//!   nibbles group `v + 4`, as in the file) and (Q5) one vector of fifth bits (lane `j`'s bit `8i + g`
+//!   is value `4g + i`'s fifth bit), so group `g` is an `and`, a shift and an `or` away. Values are
+//!   `q + 8` (Q4_0), `q + 16` (Q5_0) or `q` (Q4_1, Q5_1).
 //! - Q4_K, one super-block of 8 units (2368 bytes): the rows' f16 `d` and `dmin` (32 bytes each),
 //!   each unit's 6-bit scales (16 bytes, one per row) and minimums (16 bytes), then 4 unit pairs of
 //!   8 vectors (lane `j` holds bytes `4v..4v+4` of row `j`'s 32 bytes of the pair: low nibbles are
 //!   the even unit's group `v`, high nibbles the odd unit's). Values are `q ∈ 0..16`.
+//! - Q6_K, one super-block of 8 units (4416 bytes): the rows' f16 `d` (32 bytes, 32 of padding), each
+//!   unit's two 8-bit sub-block scales (16 bytes each: values 0–15, then 16–31), then each unit's 8
+//!   groups, each 6-bit value widened to a byte (`q + 32 ∈ 0..64`): 31% more than the file's bytes,
+//!   where the other formats keep the file's size, so a group is one load.
 //!
 //! Arithmetic: for activation row `r` and weight row `j`, per unit `u`:
-//! `S = Σ x_q · v − OFFSET · Σ x_q` with `v` the stored unsigned values (`OFFSET` 128, 16 or 0) —
-//! exact in 32 bits; the accumulator starts at `−OFFSET · Σ x_q` — then `acc += f32(S) · (d_w · d_x)`
-//! (one FMA; Q4_K's `d_w` is `d · sc`, computed in f32, exact), and for Q4_K
-//! `acc −= (dmin · m) · s_x` (`s_x = d_x · Σ x_q` rounded to f16, as ggml's `block_q8_1` and the row
-//! tiles hold it); units in order; the bias (0 without one) last.
+//! `S = Σ x_q · v − OFFSET · Σ x_q` with `v` the stored unsigned values (`OFFSET` 128, 32, 16, 8 or
+//! 0) — exact in 32 bits; the accumulator starts at `−OFFSET · Σ x_q` — then `acc += f32(S) · (d_w ·
+//! d_x)` (one FMA; Q4_K's `d_w` is `d · sc`, computed in f32, exact), and for the formats with
+//! minimums `acc += m · s_x` (Q4_K: `acc −= (dmin · m) · s_x`; `s_x = d_x · Σ x_q` rounded to f16, as
+//! ggml's `block_q8_1` and the row tiles hold it); units in order; the bias (0 without one) last. Q6_K's two sub-blocks of 16 each
+//! take their own sum (`OFFSET` applied to each half's `Σ x_q`) and FMA with `d · sc`.
 //! Invariants: each output is that chain, whatever the tile (1–4 rows, 1–4 panels), the batch or the
 //! thread count, so a row's outputs are bit-identical alone or in any batch. It differs from the
 //! row-layout tiles in rounding order only (those fuse two blocks' lanes into one 16-lane sum).
 //!
 //! Used when the CPU has AVX-512 VNNI (`Isa::Avx512`); the AVX2 path keeps the stored layout. The
-//! packed copy has the file's size (the same bytes, rearranged) and is owned.
+//! packed copy is owned; it has the file's size (the same bytes, rearranged) but for Q6_K (above).
 
 use super::pool;
 use crate::quant::QuantKind;
@@ -68,8 +74,13 @@ pub(crate) trait Format {
 
 /// Q8_0: an f16 scale and 32 signed bytes.
 pub(crate) struct Q8;
-/// Q5_0: an f16 scale, 32 fifth bits, 16 bytes of nibbles; value `q − 16`.
-pub(crate) struct Q5;
+/// The 32-value nibble formats: an f16 scale, (`MIN`) an f16 minimum, (`FIFTH`) 32 fifth bits, 16
+/// bytes of nibbles. Q4_0 `d · (q − 8)`, Q4_1 `d · q + m`, Q5_0 `d · (q − 16)`, Q5_1 `d · q + m`.
+pub(crate) struct Nib<const MIN: bool, const FIFTH: bool>;
+pub(crate) type Q4_0 = Nib<false, false>;
+pub(crate) type Q4_1 = Nib<true, false>;
+pub(crate) type Q5 = Nib<false, true>;
+pub(crate) type Q5_1 = Nib<true, true>;
 /// Q4_K: f16 `d` and `dmin`, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles.
 pub(crate) struct Q4k;
 
@@ -104,41 +115,124 @@ impl Format for Q8 {
     }
 }
 
-impl Format for Q5 {
-    const BLOCK: usize = 22;
+impl<const MIN: bool, const FIFTH: bool> Nib<MIN, FIFTH> {
+    /// Bytes of one block's values in a chunk: 4 nibble vectors, and the fifth bits' vector.
+    const VALUES: usize = 256 + if FIFTH { 64 } else { 0 };
+    /// Bytes before the values: the two blocks' scales, then (with minimums) their minimums.
+    const HEAD: usize = if MIN { 128 } else { 64 };
+    /// Where the fifth bits and the nibbles start in a block of the file.
+    const QH: usize = if MIN { 4 } else { 2 };
+    const QS: usize = Self::QH + if FIFTH { 4 } else { 0 };
+}
+
+impl<const MIN: bool, const FIFTH: bool> Format for Nib<MIN, FIFTH> {
+    const BLOCK: usize = Self::QS + 16;
     const BLOCK_UNITS: usize = 1;
     const UNITS: usize = 2;
-    const CHUNK: usize = two_blocks(5 * 64);
-    const OFFSET: i32 = 16;
+    const CHUNK: usize = Self::HEAD + 2 * Self::VALUES;
+    const OFFSET: i32 = if MIN {
+        0
+    } else if FIFTH {
+        16
+    } else {
+        8
+    };
     fn pack(src: &[u8], b: usize, j: usize, chunk: &mut [u8]) {
         chunk[(b % 2) * 32 + 2 * j..][..2].copy_from_slice(&src[..2]);
-        let values = &mut chunk[64 + (b % 2) * 320..];
-        let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
-        let mut h = 0u32;
-        for g in 0..8 {
-            for i in 0..4 {
-                h |= ((qh >> (4 * g + i)) & 1) << (8 * i + g);
-            }
+        if MIN {
+            chunk[64 + (b % 2) * 32 + 2 * j..][..2].copy_from_slice(&src[2..4]);
         }
+        let values = &mut chunk[Self::HEAD + (b % 2) * Self::VALUES..];
         for v in 0..4 {
-            values[v * 64 + 4 * j..v * 64 + 4 * j + 4].copy_from_slice(&src[6 + 4 * v..6 + 4 * v + 4]);
+            values[v * 64 + 4 * j..][..4].copy_from_slice(&src[Self::QS + 4 * v..][..4]);
         }
-        values[256 + 4 * j..256 + 4 * j + 4].copy_from_slice(&h.to_le_bytes());
+        if FIFTH {
+            let q = &src[Self::QH..Self::QH + 4];
+            let qh = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+            let mut h = 0u32;
+            for g in 0..8 {
+                for i in 0..4 {
+                    h |= ((qh >> (4 * g + i)) & 1) << (8 * i + g);
+                }
+            }
+            values[256 + 4 * j..][..4].copy_from_slice(&h.to_le_bytes());
+        }
     }
     fn unpack(chunk: &[u8], b: usize, j: usize, dst: &mut [u8]) {
-        let values = &chunk[64 + (b % 2) * 320..];
-        let h = &values[256 + 4 * j..256 + 4 * j + 4];
-        let h = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
-        let mut qh = 0u32;
-        for g in 0..8 {
-            for i in 0..4 {
-                qh |= ((h >> (8 * i + g)) & 1) << (4 * g + i);
+        dst[..2].copy_from_slice(&chunk[(b % 2) * 32 + 2 * j..][..2]);
+        if MIN {
+            dst[2..4].copy_from_slice(&chunk[64 + (b % 2) * 32 + 2 * j..][..2]);
+        }
+        let values = &chunk[Self::HEAD + (b % 2) * Self::VALUES..];
+        for v in 0..4 {
+            dst[Self::QS + 4 * v..][..4].copy_from_slice(&values[v * 64 + 4 * j..][..4]);
+        }
+        if FIFTH {
+            let h = &values[256 + 4 * j..][..4];
+            let h = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+            let mut qh = 0u32;
+            for g in 0..8 {
+                for i in 0..4 {
+                    qh |= ((h >> (8 * i + g)) & 1) << (4 * g + i);
+                }
+            }
+            dst[Self::QH..Self::QH + 4].copy_from_slice(&qh.to_le_bytes());
+        }
+    }
+}
+
+/// Q6_K: 128 bytes of low nibbles, 64 of 2-bit high parts, 16 signed 8-bit scales, f16 `d`.
+pub(crate) struct Q6k;
+
+/// Q6_K chunk offsets: the units' scales, values.
+const Q6K_SC: usize = 64;
+const Q6K_VALUES: usize = 64 + 8 * 32;
+
+/// Where value `v` (0..256) of a Q6_K block lives: its low nibble's byte and shift in `ql`, its high
+/// bits' byte and shift in `qh`, and its sub-block scale's index (ggml's `dequantize_row_q6_K`).
+fn q6k_place(v: usize) -> (usize, u32, usize, u32, usize) {
+    let (half, t, l) = (v / 128, (v % 128) / 32, v % 32);
+    (
+        64 * half + l + 32 * (t % 2),
+        4 * (t as u32 / 2),
+        128 + 32 * half + l,
+        2 * t as u32,
+        8 * half + 2 * t + l / 16,
+    )
+}
+
+impl Format for Q6k {
+    const BLOCK: usize = 210;
+    const BLOCK_UNITS: usize = 8;
+    const UNITS: usize = 8;
+    const CHUNK: usize = Q6K_VALUES + 8 * 512;
+    const OFFSET: i32 = 32;
+    fn pack(src: &[u8], _: usize, j: usize, chunk: &mut [u8]) {
+        chunk[2 * j..2 * j + 2].copy_from_slice(&src[208..210]);
+        for u in 0..8 {
+            for h in 0..2 {
+                chunk[Q6K_SC + 32 * u + 16 * h + j] = src[192 + q6k_place(32 * u + 16 * h).4];
             }
         }
-        dst[..2].copy_from_slice(&chunk[(b % 2) * 32 + 2 * j..][..2]);
-        dst[2..6].copy_from_slice(&qh.to_le_bytes());
-        for v in 0..4 {
-            dst[6 + 4 * v..6 + 4 * v + 4].copy_from_slice(&values[v * 64 + 4 * j..v * 64 + 4 * j + 4]);
+        for v in 0..256 {
+            let (ql, ls, qh, hs, _) = q6k_place(v);
+            let q = ((src[ql] >> ls) & 0xF) | (((src[qh] >> hs) & 3) << 4);
+            chunk[Q6K_VALUES + 512 * (v / 32) + 64 * (v % 32 / 4) + 4 * j + v % 4] = q;
+        }
+    }
+    fn unpack(chunk: &[u8], _: usize, j: usize, dst: &mut [u8]) {
+        dst[208..210].copy_from_slice(&chunk[2 * j..2 * j + 2]);
+        dst[..192].fill(0);
+        for u in 0..8 {
+            for h in 0..2 {
+                dst[192 + q6k_place(32 * u + 16 * h).4] = chunk[Q6K_SC + 32 * u + 16 * h + j];
+            }
+        }
+        for v in 0..256 {
+            let (ql, ls, qh, hs, _) = q6k_place(v);
+            let q = chunk[Q6K_VALUES + 512 * (v / 32) + 64 * (v % 32 / 4) + 4 * j + v % 4];
+            dst[ql] |= (q & 0xF) << ls;
+            dst[qh] |= (q >> 4) << hs;
         }
     }
 }
@@ -205,12 +299,16 @@ impl std::fmt::Debug for QPanels {
 }
 
 impl QPanels {
-    /// Repacks `w` when it is a Q8_0, Q5_0 or Q4_K matrix of at least [`NR`] rows; `None` otherwise.
+    /// Repacks `w` when it is a Q8_0, Q5_0, Q4_K or Q6_K matrix of at least [`NR`] rows; `None` otherwise.
     pub fn pack(w: &HostWeight) -> Option<Self> {
         match w.data() {
             WeightData::Quant(QuantKind::Q8_0, bytes) => Self::pack_as::<Q8>(QuantKind::Q8_0, w, bytes),
+            WeightData::Quant(QuantKind::Q4_0, bytes) => Self::pack_as::<Q4_0>(QuantKind::Q4_0, w, bytes),
+            WeightData::Quant(QuantKind::Q4_1, bytes) => Self::pack_as::<Q4_1>(QuantKind::Q4_1, w, bytes),
             WeightData::Quant(QuantKind::Q5_0, bytes) => Self::pack_as::<Q5>(QuantKind::Q5_0, w, bytes),
+            WeightData::Quant(QuantKind::Q5_1, bytes) => Self::pack_as::<Q5_1>(QuantKind::Q5_1, w, bytes),
             WeightData::Quant(QuantKind::Q4K, bytes) => Self::pack_as::<Q4k>(QuantKind::Q4K, w, bytes),
+            WeightData::Quant(QuantKind::Q6K, bytes) => Self::pack_as::<Q6k>(QuantKind::Q6K, w, bytes),
             _ => None,
         }
     }
@@ -268,8 +366,12 @@ impl QPanels {
         }
         match self.kind {
             QuantKind::Q8_0 => of::<Q8>(self.cols),
+            QuantKind::Q4_0 => of::<Q4_0>(self.cols),
+            QuantKind::Q4_1 => of::<Q4_1>(self.cols),
             QuantKind::Q5_0 => of::<Q5>(self.cols),
-            _ => of::<Q4k>(self.cols),
+            QuantKind::Q5_1 => of::<Q5_1>(self.cols),
+            QuantKind::Q4K => of::<Q4k>(self.cols),
+            _ => of::<Q6k>(self.cols),
         }
     }
 
@@ -277,8 +379,12 @@ impl QPanels {
     fn row_in_file_layout(&self, j: usize) -> Vec<u8> {
         match self.kind {
             QuantKind::Q8_0 => self.row_as::<Q8>(j),
+            QuantKind::Q4_0 => self.row_as::<Q4_0>(j),
+            QuantKind::Q4_1 => self.row_as::<Q4_1>(j),
             QuantKind::Q5_0 => self.row_as::<Q5>(j),
-            _ => self.row_as::<Q4k>(j),
+            QuantKind::Q5_1 => self.row_as::<Q5_1>(j),
+            QuantKind::Q4K => self.row_as::<Q4k>(j),
+            _ => self.row_as::<Q6k>(j),
         }
     }
 
@@ -350,9 +456,11 @@ pub(crate) fn matmul(x: &[f32], rows: usize, w: &QPanels, bias: Option<WeightDat
         return;
     }
     let xq = super::qdot::quantize_rows(x, rows, k);
-    let sums: Vec<i32> = xq
+    // Each block's Σ x_q over values 0–15 and 16–31 (Q6_K's sub-blocks; the others add the two).
+    let half = |q: &[i8]| q.iter().map(|&v| i32::from(v)).sum::<i32>();
+    let sums: Vec<[i32; 2]> = xq
         .iter()
-        .map(|b| b.qs.iter().map(|&q| i32::from(q)).sum())
+        .map(|b| [half(&b.qs[..16]), half(&b.qs[16..])])
         .collect();
     let nb = k / 32;
     let panels = n.div_ceil(NR);
@@ -405,22 +513,35 @@ pub(crate) fn matmul(x: &[f32], rows: usize, w: &QPanels, bias: Option<WeightDat
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Format, NR, Q4K_M, Q4K_SC, Q4K_VALUES, Q4k, Q5, Q8};
+    use super::{
+        Format, NR, Nib, Q4_0, Q4_1, Q4K_M, Q4K_SC, Q4K_VALUES, Q4k, Q5, Q5_1, Q6K_SC, Q6K_VALUES, Q6k, Q8,
+    };
     use crate::cpu::qdot::Q8Block;
     use crate::quant::QuantKind;
     use std::arch::x86_64::*;
+
+    /// One unit of a chunk as the tile reads it.
+    pub(super) struct UnitRef {
+        /// The 16 rows' scales `d_w` of values 0–15 and 16–31 (the same but for split formats).
+        scale: [__m512; 2],
+        /// The 16 rows' minimums (zero without).
+        min: __m512,
+        /// Where its groups are read from.
+        values: *const u8,
+    }
 
     /// How the tile reads one unit of 32 values of a chunk.
     pub(super) trait Unit: Format {
         /// Whether the format has minimums (`acc −= min · s_x` per unit).
         const HAS_MIN: bool;
-        /// Unit `i` of the chunk at `chunk`: the 16 rows' scales `d_w`, minimums (zero without),
-        /// and where its groups are read from.
+        /// Whether values 0–15 and 16–31 have their own scales (two sums a unit).
+        const SPLIT: bool;
+        /// Unit `i` of the chunk at `chunk`.
         ///
         /// # Safety
-        /// AVX-512 F and F16C available; `chunk` points at [`Format::CHUNK`] readable bytes; `i <
+        /// AVX-512 F/BW and F16C available; `chunk` points at [`Format::CHUNK`] readable bytes; `i <
         /// UNITS`.
-        unsafe fn unit(chunk: *const u8, i: usize) -> (__m512, __m512, *const u8);
+        unsafe fn unit(chunk: *const u8, i: usize) -> UnitRef;
         /// Group `g` of unit `i`, whose values [`Unit::unit`] located at `values`.
         ///
         /// # Safety
@@ -430,12 +551,17 @@ mod x86 {
 
     impl Unit for Q8 {
         const HAS_MIN: bool = false;
+        const SPLIT: bool = false;
         #[inline(always)]
-        unsafe fn unit(chunk: *const u8, i: usize) -> (__m512, __m512, *const u8) {
+        unsafe fn unit(chunk: *const u8, i: usize) -> UnitRef {
             // SAFETY: block `i < 2`'s scales at 32 · i and values at 64 + 512 · i lie in the chunk.
             unsafe {
                 let dw = _mm512_cvtph_ps(_mm256_loadu_si256(chunk.add(32 * i).cast()));
-                (dw, _mm512_setzero_ps(), chunk.add(64 + 512 * i))
+                UnitRef {
+                    scale: [dw; 2],
+                    min: _mm512_setzero_ps(),
+                    values: chunk.add(64 + 512 * i),
+                }
             }
         }
         #[inline(always)]
@@ -445,24 +571,40 @@ mod x86 {
         }
     }
 
-    impl Unit for Q5 {
-        const HAS_MIN: bool = false;
+    impl<const MIN: bool, const FIFTH: bool> Unit for Nib<MIN, FIFTH> {
+        const HAS_MIN: bool = MIN;
+        const SPLIT: bool = false;
         #[inline(always)]
-        unsafe fn unit(chunk: *const u8, i: usize) -> (__m512, __m512, *const u8) {
-            // SAFETY: block `i < 2`'s scales at 32 · i and values at 64 + 320 · i lie in the chunk.
+        unsafe fn unit(chunk: *const u8, i: usize) -> UnitRef {
+            // SAFETY: block `i < 2`'s scales at 32 · i, minimums at 64 + 32 · i (with `MIN`) and
+            // values at `HEAD + VALUES · i` lie in the chunk.
             unsafe {
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(chunk.add(32 * i).cast()));
-                (dw, _mm512_setzero_ps(), chunk.add(64 + 320 * i))
+                let half = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(chunk.add(at).cast()));
+                let dw = half(32 * i);
+                // `acc −= min · s_x` in the tile; these formats add their minimum.
+                let min = if MIN {
+                    _mm512_sub_ps(_mm512_setzero_ps(), half(64 + 32 * i))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                UnitRef {
+                    scale: [dw; 2],
+                    min,
+                    values: chunk.add(Self::HEAD + Self::VALUES * i),
+                }
             }
         }
         #[inline(always)]
         unsafe fn group(values: *const u8, _: usize, g: usize) -> __m512i {
-            // SAFETY: nibble vector `g % 4` and the fifth-bit vector at 256 lie within the block's 320
-            // value bytes (our contract); the rest is register arithmetic (AVX-512 F/BW available).
+            // SAFETY: nibble vector `g % 4` and (with `FIFTH`) the fifth-bit vector at 256 lie within
+            // the block's value bytes (our contract); the rest is register arithmetic (AVX-512 F/BW).
             unsafe {
                 let n = _mm512_loadu_si512(values.add((g % 4) * 64).cast());
                 let n = if g < 4 { n } else { _mm512_srli_epi16::<4>(n) };
                 let low = _mm512_and_si512(n, _mm512_set1_epi8(0x0F));
+                if !FIFTH {
+                    return low;
+                }
                 let h = _mm512_and_si512(
                     _mm512_loadu_si512(values.add(256).cast()),
                     _mm512_set1_epi32(0x0101_0101 << g),
@@ -480,8 +622,9 @@ mod x86 {
 
     impl Unit for Q4k {
         const HAS_MIN: bool = true;
+        const SPLIT: bool = false;
         #[inline(always)]
-        unsafe fn unit(chunk: *const u8, i: usize) -> (__m512, __m512, *const u8) {
+        unsafe fn unit(chunk: *const u8, i: usize) -> UnitRef {
             // SAFETY: `d` at 0, `dmin` at 32, unit `i < 8`'s scales and minimums (16 bytes each) and
             // its pair's values at `Q4K_VALUES + 512 · (i / 2)` lie in the chunk.
             unsafe {
@@ -490,11 +633,12 @@ mod x86 {
                 };
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(chunk.cast()));
                 let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(chunk.add(32).cast()));
-                (
-                    _mm512_mul_ps(d, bytes(Q4K_SC + 16 * i)),
-                    _mm512_mul_ps(dmin, bytes(Q4K_M + 16 * i)),
-                    chunk.add(Q4K_VALUES + 512 * (i / 2)),
-                )
+                let dw = _mm512_mul_ps(d, bytes(Q4K_SC + 16 * i));
+                UnitRef {
+                    scale: [dw; 2],
+                    min: _mm512_mul_ps(dmin, bytes(Q4K_M + 16 * i)),
+                    values: chunk.add(Q4K_VALUES + 512 * (i / 2)),
+                }
             }
         }
         #[inline(always)]
@@ -503,13 +647,46 @@ mod x86 {
             // takes the low nibbles, the odd one the high ones.
             unsafe {
                 let n = _mm512_loadu_si512(values.add(g * 64).cast());
-                let n = if i.is_multiple_of(2) { n } else { _mm512_srli_epi16::<4>(n) };
+                let n = if i.is_multiple_of(2) {
+                    n
+                } else {
+                    _mm512_srli_epi16::<4>(n)
+                };
                 _mm512_and_si512(n, _mm512_set1_epi8(0x0F))
             }
         }
     }
 
-    /// [`tile`] for `kind` (Q8_0, Q5_0 or Q4_K), `rows` (1–4) activation rows and `np` (1–4) panels.
+    impl Unit for Q6k {
+        const HAS_MIN: bool = false;
+        const SPLIT: bool = true;
+        #[inline(always)]
+        unsafe fn unit(chunk: *const u8, i: usize) -> UnitRef {
+            // SAFETY: `d` at 0, unit `i < 8`'s two scale vectors (16 bytes each) at `Q6K_SC + 32 · i`
+            // and its 512 value bytes at `Q6K_VALUES + 512 · i` lie in the chunk.
+            unsafe {
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(chunk.cast()));
+                let sc = |at: usize| {
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(chunk.add(at).cast())))
+                };
+                UnitRef {
+                    scale: [
+                        _mm512_mul_ps(d, sc(Q6K_SC + 32 * i)),
+                        _mm512_mul_ps(d, sc(Q6K_SC + 32 * i + 16)),
+                    ],
+                    min: _mm512_setzero_ps(),
+                    values: chunk.add(Q6K_VALUES + 512 * i),
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn group(values: *const u8, _: usize, g: usize) -> __m512i {
+            // SAFETY: group `g < 8` lies within the unit's 512 value bytes (our contract).
+            unsafe { _mm512_loadu_si512(values.add(g * 64).cast()) }
+        }
+    }
+
+    /// [`tile`] for `kind` (Q8_0, Q5_0, Q4_K or Q6_K), `rows` (1–4) activation rows and `np` (1–4) panels.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI and F16C available; `ws` holds `np` panels of `pb` bytes with `nb`
@@ -523,7 +700,7 @@ mod x86 {
         pb: usize,
         ws: &[u8],
         xs: &[Q8Block],
-        ss: &[i32],
+        ss: &[[i32; 2]],
         acc: &mut [[[f32; NR]; 4]; 4],
     ) {
         debug_assert!(ws.len() >= np * pb && xs.len() >= rows * nb && ss.len() >= rows * nb);
@@ -551,8 +728,12 @@ mod x86 {
         }
         match kind {
             QuantKind::Q8_0 => shapes!(Q8),
+            QuantKind::Q4_0 => shapes!(Q4_0),
+            QuantKind::Q4_1 => shapes!(Q4_1),
             QuantKind::Q5_0 => shapes!(Q5),
-            _ => shapes!(Q4k),
+            QuantKind::Q5_1 => shapes!(Q5_1),
+            QuantKind::Q4K => shapes!(Q4k),
+            _ => shapes!(Q6k),
         }
     }
 
@@ -566,41 +747,58 @@ mod x86 {
         pb: usize,
         ws: *const u8,
         xs: &[Q8Block],
-        ss: &[i32],
+        ss: &[[i32; 2]],
         out: &mut [[[f32; NR]; 4]; 4],
     ) {
         let mut facc = [[_mm512_setzero_ps(); P]; R];
+        // One sum a unit, or (split formats) one per half: groups 0–3 and 4–7.
+        let halves = if F::SPLIT { 2 } else { 1 };
         for u in 0..nb {
             let (c, i) = (u / F::UNITS, u % F::UNITS);
             // SAFETY: panel `q < P`'s chunk `c` lies within `ws` (our contract: `nb` units a panel).
-            let units: [(__m512, __m512, *const u8); P] =
+            let units: [UnitRef; P] =
                 std::array::from_fn(|q| unsafe { F::unit(ws.add(q * pb + c * F::CHUNK), i) });
-            let mut iacc: [[__m512i; P]; R] =
-                std::array::from_fn(|r| [_mm512_set1_epi32(-F::OFFSET * ss[r * nb + u]); P]);
             let x: [&Q8Block; R] = std::array::from_fn(|r| &xs[r * nb + u]);
-            for g in 0..8 {
-                // SAFETY: each unit's values located by `F::unit` (above); `g < 8`.
-                let wv: [__m512i; P] = std::array::from_fn(|q| unsafe { F::group(units[q].2, i, g) });
+            for h in 0..halves {
+                let sum = |r: usize| {
+                    if F::SPLIT {
+                        ss[r * nb + u][h]
+                    } else {
+                        ss[r * nb + u][0] + ss[r * nb + u][1]
+                    }
+                };
+                let mut iacc: [[__m512i; P]; R] =
+                    std::array::from_fn(|r| [_mm512_set1_epi32(-F::OFFSET * sum(r)); P]);
+                for g in h * 8 / halves..(h + 1) * 8 / halves {
+                    // SAFETY: each unit's values located by `F::unit` (above); `g < 8`.
+                    let wv: [__m512i; P] =
+                        std::array::from_fn(|q| unsafe { F::group(units[q].values, i, g) });
+                    for r in 0..R {
+                        let q4 = &x[r].qs[4 * g..4 * g + 4];
+                        let xb = _mm512_set1_epi32(i32::from_le_bytes([
+                            q4[0] as u8,
+                            q4[1] as u8,
+                            q4[2] as u8,
+                            q4[3] as u8,
+                        ]));
+                        for q in 0..P {
+                            iacc[r][q] = _mm512_dpbusd_epi32(iacc[r][q], wv[q], xb);
+                        }
+                    }
+                }
                 for r in 0..R {
-                    let q4 = &x[r].qs[4 * g..4 * g + 4];
-                    let xb = _mm512_set1_epi32(i32::from_le_bytes([
-                        q4[0] as u8,
-                        q4[1] as u8,
-                        q4[2] as u8,
-                        q4[3] as u8,
-                    ]));
+                    let dx = _mm512_set1_ps(x[r].d);
                     for q in 0..P {
-                        iacc[r][q] = _mm512_dpbusd_epi32(iacc[r][q], wv[q], xb);
+                        let scale = _mm512_mul_ps(units[q].scale[h], dx);
+                        facc[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][q]), scale, facc[r][q]);
                     }
                 }
             }
-            for r in 0..R {
-                let dx = _mm512_set1_ps(x[r].d);
-                for q in 0..P {
-                    let scale = _mm512_mul_ps(units[q].0, dx);
-                    facc[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][q]), scale, facc[r][q]);
-                    if F::HAS_MIN {
-                        facc[r][q] = _mm512_fnmadd_ps(units[q].1, _mm512_set1_ps(x[r].s), facc[r][q]);
+            if F::HAS_MIN {
+                for r in 0..R {
+                    let s = _mm512_set1_ps(x[r].s);
+                    for q in 0..P {
+                        facc[r][q] = _mm512_fnmadd_ps(units[q].min, s, facc[r][q]);
                     }
                 }
             }
@@ -657,8 +855,8 @@ mod tests {
             return;
         }
         let pool = pool::Pool::new(2);
-        for kind in [QuantKind::Q8_0, QuantKind::Q5_0, QuantKind::Q4K] {
-            let shapes: &[(usize, usize, usize)] = if kind == QuantKind::Q4K {
+        for kind in QuantKind::ALL {
+            let shapes: &[(usize, usize, usize)] = if kind.block_elems() == 256 {
                 &[
                     (1, 256, 16),
                     (3, 512, 17),
