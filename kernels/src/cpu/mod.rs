@@ -22,7 +22,7 @@ mod test_data;
 
 pub use elementwise::{max_lanes, softmax_in_place};
 pub use packed::Packed;
-pub use qpanels::QPanels;
+pub use qpanels::{QPanels, held_bytes};
 pub use simd::Isa;
 
 use crate::Kernels;

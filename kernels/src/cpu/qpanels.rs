@@ -284,7 +284,18 @@ impl Format for Q4k {
     }
 }
 
-/// A Q8_0 or Q5_0 matrix in panel layout (see the module header).
+/// Bytes the CPU kernels hold for a quantized matrix of `kind` stored in `stored` bytes: Q6_K's panels
+/// widen its values to bytes (4416 bytes per 16 rows × 256 values, against 3360 in the file); the
+/// other formats keep their size. An upper bound (panels are built only with AVX-512 VNNI), for
+/// memory planning.
+pub fn held_bytes(kind: QuantKind, stored: u64) -> u64 {
+    match kind {
+        QuantKind::Q6K => stored * Q6k::CHUNK as u64 / (NR * Q6k::BLOCK) as u64,
+        _ => stored,
+    }
+}
+
+/// A quantized matrix in panel layout (see the module header).
 pub struct QPanels {
     kind: QuantKind,
     rows: usize,

@@ -72,6 +72,11 @@ pub struct Stats {
     pub steps: u64,
     /// Tokens computed by all steps.
     pub step_tokens: u64,
+    /// Steps that computed prompt positions (a chunk of two or more positions of one request that
+    /// is not a speculative verification: a one-position last chunk of a prompt counts as decode).
+    pub prefill_steps: u64,
+    /// Prompt positions those steps computed.
+    pub prefill_positions: u64,
     /// Seconds spent in the model (forward + sampling).
     pub model_seconds: f64,
     /// Seconds spent scheduling and building batches.
@@ -499,6 +504,14 @@ fn iteration<K: Kernels>(
     sched.observe_step(batch.num_tokens(), (t2 - t1).as_secs_f64(), decode);
     local.steps += 1;
     local.step_tokens += batch.num_tokens() as u64;
+    let prefill: usize = batch
+        .seqs
+        .iter()
+        .filter(|s| s.len > 1 + s.drafts)
+        .map(|s| s.len)
+        .sum();
+    local.prefill_steps += u64::from(prefill > 0);
+    local.prefill_positions += prefill as u64;
     local.schedule_seconds += (t1 - t0).as_secs_f64() - drafting;
     local.model_seconds += (t2 - t1).as_secs_f64();
     publish(sched, local, stats);

@@ -3,7 +3,15 @@
 //! tokens and speculative verification positions alike), `modelfleet_engine_model_seconds_total`
 //! (in the target model's forward pass and sampling), `modelfleet_engine_schedule_seconds_total`
 //! (scheduling and building batches) and `modelfleet_engine_draft_seconds_total` (in a draft model's
-//! passes; 0 without one).
+//! passes; 0 without one); for time to first token, `modelfleet_engine_prefill_steps_total` (steps
+//! that computed prompt chunks), `modelfleet_engine_prefill_positions_total` (the prompt positions
+//! they computed) and the gauge `modelfleet_engine_step_token_budget` (`--max-num-batched-tokens`:
+//! positions one step may compute).
+//!
+//! TTFT is queue time (`modelfleet_queue_time_seconds`) plus the steps that carry the prompt. Prefill
+//! positions ÷ prefill steps against the budget says whether a burst's prompts are chunked at the
+//! budget (TTFT then grows with the burst: each step is one budget's worth of compute) or whether
+//! steps carry less than the budget allows; model seconds ÷ positions prices a position.
 //!
 //! With the token counters they split a throughput figure: positions ÷ generated tokens is the work
 //! a token costs (above 1 when verification positions are rejected or prompts are long), model
@@ -24,6 +32,8 @@ pub struct StepMetrics {
     model_seconds: CounterVec,
     schedule_seconds: CounterVec,
     draft_seconds: CounterVec,
+    prefill_steps: IntCounterVec,
+    prefill_positions: IntCounterVec,
 }
 
 /// The step loop's cumulative figures.
@@ -39,6 +49,10 @@ pub struct StepTotals {
     pub schedule_seconds: f64,
     /// Seconds in the draft model.
     pub draft_seconds: f64,
+    /// Steps that computed prompt chunks.
+    pub prefill_steps: u64,
+    /// Prompt positions they computed.
+    pub prefill_positions: u64,
 }
 
 impl From<&modelfleet_engine::sched::Stats> for StepTotals {
@@ -49,6 +63,8 @@ impl From<&modelfleet_engine::sched::Stats> for StepTotals {
             model_seconds: s.model_seconds,
             schedule_seconds: s.schedule_seconds,
             draft_seconds: s.draft_seconds,
+            prefill_steps: s.prefill_steps,
+            prefill_positions: s.prefill_positions,
         }
     }
 }
@@ -61,8 +77,23 @@ fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registr
 }
 
 impl StepMetrics {
-    /// Registers the counters in `registry`, labelled with the served model name.
-    pub fn new(registry: &Registry, model: &str) -> Self {
+    /// Registers the counters in `registry`, labelled with the served model name, and the step token
+    /// budget's gauge.
+    pub fn new(registry: &Registry, model: &str, token_budget: usize) -> Self {
+        let budget = register(
+            registry,
+            prometheus::IntGaugeVec::new(
+                Opts::new(
+                    "modelfleet_engine_step_token_budget",
+                    "Positions one model step may compute (--max-num-batched-tokens)",
+                ),
+                &["model"],
+            )
+            .expect("valid metric"),
+        );
+        budget
+            .with_label_values(&[model])
+            .set(i64::try_from(token_budget).unwrap_or(i64::MAX));
         let int = |name: &str, help: &str| {
             register(
                 registry,
@@ -97,6 +128,14 @@ impl StepMetrics {
                 "modelfleet_engine_draft_seconds_total",
                 "Seconds in a draft model's passes",
             ),
+            prefill_steps: int(
+                "modelfleet_engine_prefill_steps_total",
+                "Model steps that computed prompt chunks",
+            ),
+            prefill_positions: int(
+                "modelfleet_engine_prefill_positions_total",
+                "Prompt positions computed by model steps",
+            ),
         };
         m.refresh(&StepTotals::default()); // every series exists from start-up
         m
@@ -105,7 +144,12 @@ impl StepMetrics {
     /// Raises the counters to the step loop's totals.
     pub fn refresh(&self, t: &StepTotals) {
         let l = [self.model.as_str()];
-        for (c, v) in [(&self.steps, t.steps), (&self.positions, t.positions)] {
+        for (c, v) in [
+            (&self.steps, t.steps),
+            (&self.positions, t.positions),
+            (&self.prefill_steps, t.prefill_steps),
+            (&self.prefill_positions, t.prefill_positions),
+        ] {
             let c = c.with_label_values(&l);
             c.inc_by(v.saturating_sub(c.get()));
         }
@@ -136,7 +180,7 @@ mod tests {
     #[test]
     fn counters_follow_the_totals_and_never_go_down() {
         let r = Registry::new();
-        let m = StepMetrics::new(&r, "tiny");
+        let m = StepMetrics::new(&r, "tiny", 512);
         assert!(scrape(&r).contains("modelfleet_engine_steps_total{model=\"tiny\"} 0"));
         let t = StepTotals {
             steps: 10,
@@ -144,6 +188,8 @@ mod tests {
             model_seconds: 1.5,
             schedule_seconds: 0.25,
             draft_seconds: 0.0,
+            prefill_steps: 2,
+            prefill_positions: 160,
         };
         m.refresh(&t);
         m.refresh(&StepTotals {
@@ -158,6 +204,9 @@ mod tests {
             "modelfleet_engine_model_seconds_total{model=\"tiny\"} 1.5",
             "modelfleet_engine_schedule_seconds_total{model=\"tiny\"} 0.25",
             "modelfleet_engine_draft_seconds_total{model=\"tiny\"} 0",
+            "modelfleet_engine_prefill_steps_total{model=\"tiny\"} 2",
+            "modelfleet_engine_prefill_positions_total{model=\"tiny\"} 160",
+            "modelfleet_engine_step_token_budget{model=\"tiny\"} 512",
         ] {
             assert!(text.contains(line), "{line} not in:\n{text}");
         }

@@ -1,9 +1,9 @@
 //! `modelfleet-runtime plan`: the memory arithmetic of a model before it is deployed — weight bytes (per
-//! element type, as stored), KV bytes per token, per request at the longest context and for C requests,
+//! element type, as the CPU kernels hold them: as stored, Q6_K +31%), KV bytes per token, per request at the longest context and for C requests,
 //! FLOPs per token, and whether it all fits a memory size, with the KV pool `serve` would allocate
 //! there (the same code sizes both: `kv::sizing`).
 //!
-//! Input: `--model PATH` (what `serve --model` takes: weights counted as stored) or `--config
+//! Input: `--model PATH` (what `serve --model` takes: weights counted as held) or `--config
 //! config.json` (a Hugging Face config alone: weights estimated as parameters × `torch_dtype`). Output:
 //! text, or `--output json` for tools.
 //!
@@ -39,7 +39,7 @@ pub enum Output {
 #[derive(clap::Args, Debug, Clone)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["model", "config"])))]
 pub struct PlanArgs {
-    /// A model as `serve --model` takes it (Hugging Face directory or GGUF): weights counted as stored.
+    /// A model as `serve --model` takes it (Hugging Face directory or GGUF): weights counted as held.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// A Hugging Face `config.json` alone: weights estimated as parameters × its `torch_dtype`.
@@ -110,9 +110,16 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<Report> {
                 .weights
                 .stored_bytes()
                 .into_iter()
-                .map(|(dtype, bytes)| DTypeBytes { dtype, bytes })
+                .map(|(dtype, bytes)| DTypeBytes {
+                    bytes: crate::serve::memory::held_bytes(&dtype, bytes),
+                    dtype,
+                })
                 .collect();
-            (path.clone(), md.config, (weights, "as stored".to_string()))
+            (
+                path.clone(),
+                md.config,
+                (weights, "as held (stored; Q6_K +31%)".to_string()),
+            )
         }
         (None, Some(path)) => {
             let config =

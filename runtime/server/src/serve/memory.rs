@@ -13,6 +13,7 @@
 //! `g`, `t` decimal; `K`, `M`, `G`, `T` binary) and Kubernetes' binary ones (`Ki`, `Mi`, `Gi`, `Ti`).
 
 use modelfleet_engine::ModelDir;
+use modelfleet_engine::kernels::QuantKind;
 use modelfleet_engine::kv::sizing::{self, Footprint, KvShape, PoolInputs, PoolPlan, PoolSource};
 use std::path::{Path, PathBuf};
 
@@ -115,13 +116,29 @@ pub struct PoolSettings {
     pub max_lora_rank: usize,
 }
 
-/// The inputs of the pool arithmetic for `md`: its KV shape, weight bytes as stored, and the step
-/// workspace. A `max_model_len` past the model's limit is clamped here (the engine refuses it with its
-/// own message when loading).
+/// The inputs of the pool arithmetic for `md`: its KV shape, weight bytes as the CPU kernels hold them
+/// (as stored, but Q6_K's integer panels: +31%), and the step workspace. A `max_model_len` past the
+/// model's limit is clamped here (the engine refuses it with its own message when loading).
 pub fn pool_inputs(md: &ModelDir, s: &PoolSettings) -> PoolInputs {
     let c = &md.config;
-    let weights = md.weights.stored_bytes().iter().map(|(_, b)| b).sum();
-    inputs_for(c, weights, s)
+    inputs_for(c, held_weight_bytes(md), s)
+}
+
+/// `md`'s weights as the CPU kernels hold them: as stored, but Q6_K's integer panels (+31%).
+fn held_weight_bytes(md: &ModelDir) -> u64 {
+    md.weights
+        .stored_bytes()
+        .iter()
+        .map(|(dtype, b)| held_bytes(dtype, *b))
+        .sum()
+}
+
+/// `bytes` stored in element type `dtype` (its name: `f16`, `q6_K`, …) as the CPU kernels hold them.
+pub fn held_bytes(dtype: &str, bytes: u64) -> u64 {
+    match QuantKind::ALL.iter().find(|k| k.name() == dtype) {
+        Some(&k) => modelfleet_engine::kernels::cpu::held_bytes(k, bytes),
+        None => bytes,
+    }
 }
 
 /// [`pool_inputs`] for a bare config and a weight total (what `plan --config` has).
@@ -160,7 +177,7 @@ pub fn draft_extra_blocks(max_num_seqs: usize, num_speculative_tokens: usize, bl
     max_num_seqs.max(1) * (num_speculative_tokens.div_ceil(block_size.max(1)) + 1)
 }
 
-/// `inputs` with a draft model's share of the budget: its weights as stored, its step workspace and
+/// `inputs` with a draft model's share of the budget: its weights as held, its step workspace and
 /// [`draft_extra_blocks`] in the footprint, and its KV bytes per token beside the pool's (its cache holds
 /// the same tokens).
 pub fn with_draft(
@@ -177,7 +194,7 @@ pub fn with_draft(
         elem_bytes: s.kv_elem_bytes,
     }
     .bytes_per_token();
-    let weights: u64 = draft.weights.stored_bytes().iter().map(|(_, b)| b).sum();
+    let weights = held_weight_bytes(draft);
     let workspace = modelfleet_engine::model::workspace_bytes(c, s.max_num_batched_tokens, s.max_num_seqs, 0);
     let extra = draft_extra_blocks(s.max_num_seqs, num_speculative_tokens, s.block_size) as u64
         * per_token

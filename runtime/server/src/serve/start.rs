@@ -135,7 +135,11 @@ pub async fn build_state(
     let st = Arc::new(AppState {
         grammars: structured::grammars(engine.model_dir()).await,
         spec_metrics: crate::metrics::speculative::SpecMetrics::new(metrics.registry(), &name),
-        step_metrics: crate::metrics::steps::StepMetrics::new(metrics.registry(), &name),
+        step_metrics: crate::metrics::steps::StepMetrics::new(
+            metrics.registry(),
+            &name,
+            cfg.scheduler.max_num_batched_tokens,
+        ),
         adapters: Arc::new(registry),
         adapters_ready: Default::default(),
         engine: Arc::new(engine),

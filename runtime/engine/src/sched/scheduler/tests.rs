@@ -194,6 +194,45 @@ fn chunked_prefill_then_decode_under_the_token_budget() {
     assert_eq!(h.gate.queued(), (0, 0));
 }
 
+/// Time to first token under load: a new prompt waits at most one step behind running decodes when
+/// the token budget has room, and a burst of prompts fills every step's budget (decodes first, then
+/// the prompts in arrival order, the last one chunked) until all are in.
+#[test]
+fn new_prompts_join_the_next_step_beside_running_decodes() {
+    let mut h = harness(64, 512, 256, 16);
+    for i in 0..4 {
+        h.add(req("t", prompt(10, i), 50));
+    }
+    h.step();
+    assert!(
+        Harness::grants(&h.step()).iter().all(|g| g.2 == 1),
+        "the four decode"
+    );
+    let n = h.add(req("t", prompt(60, 9), 50));
+    let g = Harness::grants(&h.step());
+    assert_eq!(g.len(), 5, "{g:?}");
+    assert!(
+        g.contains(&(n, 0, 60, true)),
+        "the new prompt, whole, in the next step: {g:?}"
+    );
+    let burst: Vec<_> = (0..16).map(|i| h.add(req("t", prompt(60, 20 + i), 50))).collect();
+    let first = h.step();
+    assert_eq!(first.num_tokens(), 512, "decodes and prompts fill the budget");
+    let decodes = first.seqs.iter().filter(|s| s.len == 1).count();
+    assert_eq!(decodes, 5, "every running request decodes in the same step");
+    let grants: Vec<_> = Harness::grants(&first)
+        .into_iter()
+        .chain(Harness::grants(&h.step()))
+        .collect();
+    for id in burst {
+        let last = grants.iter().find(|g| g.0 == id && g.3);
+        assert!(
+            last.is_some(),
+            "request {id}'s prompt is complete within two steps: {grants:?}"
+        );
+    }
+}
+
 #[test]
 fn max_num_seqs_caps_the_batch() {
     let mut h = harness(2, 100, 32, 4);
