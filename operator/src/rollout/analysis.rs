@@ -2,8 +2,10 @@
 //!
 //! Inputs are each revision's increases over the window — answered requests, failed ones, and the
 //! TTFT and ITL histograms — as the gateway counts them per revision. The decision is one of:
-//! - `Wait`: the canary answered fewer than `minRequests` (too little evidence: never a pass), or
-//!   stable has no latency to compare with yet. Stable's figures are its own window's when it answered
+//! - `Wait`: the canary answered fewer than `minRequests` (too little evidence: never a pass), the
+//!   step has not yet run half a window (`settled`: the first seconds after a weight change measure
+//!   queues filling on the pods that just gained traffic, not the revision — a good canary at 50 %
+//!   was once failed on 52 requests of its first second), or stable has no latency to compare with yet. Stable's figures are its own window's when it answered
 //!   at least `minRequests` in it, else the last such window of this rollout (a step at 100 % leaves
 //!   stable only fallbacks): the caller's choice, see drive.rs;
 //! - `Fail`: a threshold is exceeded, named with the figures. An error-rate failure is called as soon
@@ -111,7 +113,7 @@ fn ratio(canary: &Buckets, stable: &Buckets) -> Option<f64> {
 
 /// Judges the canary's window against stable's; `None`: nothing of stable's to compare with (a step
 /// at 100 % without an earlier baseline), so errors are judged against 0 % and latency not at all.
-pub fn judge(canary: &Traffic, stable: Option<&Traffic>, t: &Thresholds) -> Verdict {
+pub fn judge(canary: &Traffic, stable: Option<&Traffic>, t: &Thresholds, settled: bool) -> Verdict {
     let none = Traffic::default();
     let compared = stable.is_some();
     let stable = stable.unwrap_or(&none);
@@ -142,6 +144,12 @@ pub fn judge(canary: &Traffic, stable: Option<&Traffic>, t: &Thresholds) -> Verd
         return Verdict::Wait(format!(
             "{} of the {} canary requests needed to judge",
             canary.requests, t.min_requests
+        ));
+    }
+    if !settled {
+        return Verdict::Wait(format!(
+            "latency is judged once the step has run half of its {} s window",
+            t.window_seconds
         ));
     }
     let latency = [
@@ -227,6 +235,7 @@ mod tests {
             &traffic(49.0, 0.0, 0.1, 0.01),
             Some(&traffic(500.0, 0.0, 0.1, 0.01)),
             &thresholds(),
+            true,
         );
         assert!(matches!(v, Verdict::Wait(_)), "{v:?}");
     }
@@ -237,6 +246,7 @@ mod tests {
             &traffic(60.0, 0.0, 0.1, 0.01),
             Some(&traffic(600.0, 0.0, 0.1, 0.01)),
             &thresholds(),
+            true,
         );
         let Verdict::Pass(f) = v else { panic!("{v:?}") };
         assert_eq!((f.canary_requests, f.stable_requests), (60.0, 600.0));
@@ -247,21 +257,21 @@ mod tests {
     fn errors_above_stable_plus_the_allowance_fail_once_certain() {
         // Stable at 1 %, allowance 1 point: 2 % allowed. 2 errors in 60 is 3.3 %: fails.
         let stable = traffic(1000.0, 10.0, 0.1, 0.01);
-        let v = judge(&traffic(60.0, 2.0, 0.1, 0.01), Some(&stable), &thresholds());
+        let v = judge(&traffic(60.0, 2.0, 0.1, 0.01), Some(&stable), &thresholds(), true);
         assert!(
             matches!(&v, Verdict::Fail { threshold, .. } if threshold.contains("error rate")),
             "{v:?}"
         );
         // 1 error in 60 (1.7 %) passes.
         assert!(matches!(
-            judge(&traffic(60.0, 1.0, 0.1, 0.01), Some(&stable), &thresholds()),
+            judge(&traffic(60.0, 1.0, 0.1, 0.01), Some(&stable), &thresholds(), true),
             Verdict::Pass(_)
         ));
         // 2 errors in the first 5 requests: even 45 successes to come leave 4 % > 2 %: fail now.
-        let v = judge(&traffic(5.0, 2.0, 0.1, 0.01), Some(&stable), &thresholds());
+        let v = judge(&traffic(5.0, 2.0, 0.1, 0.01), Some(&stable), &thresholds(), true);
         assert!(matches!(v, Verdict::Fail { .. }), "{v:?}");
         // 1 error in the first 5: 1/50 = 2 % is not above 2 %: wait for more.
-        let v = judge(&traffic(5.0, 1.0, 0.1, 0.01), Some(&stable), &thresholds());
+        let v = judge(&traffic(5.0, 1.0, 0.1, 0.01), Some(&stable), &thresholds(), true);
         assert!(matches!(v, Verdict::Wait(_)), "{v:?}");
     }
 
@@ -271,6 +281,7 @@ mod tests {
             &traffic(60.0, 0.0, 0.5, 0.01),
             Some(&traffic(600.0, 0.0, 0.1, 0.01)),
             &thresholds(),
+            true,
         );
         let Verdict::Fail { threshold, figures } = v else {
             panic!("{v:?}")
@@ -286,6 +297,7 @@ mod tests {
             &traffic(60.0, 0.0, 0.1, 0.05),
             Some(&traffic(600.0, 0.0, 0.1, 0.01)),
             &thresholds(),
+            true,
         );
         assert!(
             matches!(&v, Verdict::Fail { threshold, .. } if threshold.contains("inter-token")),
@@ -299,6 +311,7 @@ mod tests {
             &traffic(60.0, 0.0, 0.1, 0.01),
             Some(&Traffic::default()),
             &thresholds(),
+            true,
         );
         assert!(matches!(v, Verdict::Wait(_)), "{v:?}");
     }
@@ -306,10 +319,13 @@ mod tests {
     #[test]
     fn without_anything_of_stable_errors_count_against_zero_and_latency_is_not_judged() {
         let slow = traffic(60.0, 0.0, 5.0, 1.0);
-        assert!(matches!(judge(&slow, None, &thresholds()), Verdict::Pass(_)));
+        assert!(matches!(
+            judge(&slow, None, &thresholds(), true),
+            Verdict::Pass(_)
+        ));
         let failing = traffic(60.0, 1.0, 0.1, 0.01);
         assert!(matches!(
-            judge(&failing, None, &thresholds()),
+            judge(&failing, None, &thresholds(), true),
             Verdict::Fail { .. }
         ));
     }
@@ -329,7 +345,7 @@ mod tests {
             ..traffic(n, 0.0, 0.1, 0.01)
         };
         let (canary, stable) = (with_itl(60.0, 0.004), with_itl(600.0, 0.001));
-        let v = judge(&canary, Some(&stable), &thresholds());
+        let v = judge(&canary, Some(&stable), &thresholds(), true);
         let Verdict::Pass(f) = v else { panic!("{v:?}") };
         assert!(f.itl_ratio.unwrap() > 3.0, "{f:?}");
     }
@@ -342,5 +358,24 @@ mod tests {
         };
         let e = Thresholds::from_spec(Some(&a)).unwrap_err();
         assert!(e.contains("maxTtftP95Ratio"), "{e}");
+    }
+
+    #[test]
+    fn latency_waits_for_half_a_window_but_errors_fail_at_once() {
+        let stable = traffic(500.0, 0.0, 0.01, 0.005);
+        let slow = traffic(60.0, 0.0, 0.5, 0.005);
+        assert!(matches!(
+            judge(&slow, Some(&stable), &thresholds(), true),
+            Verdict::Fail { .. }
+        ));
+        assert!(matches!(
+            judge(&slow, Some(&stable), &thresholds(), false),
+            Verdict::Wait(_)
+        ));
+        let broken = traffic(60.0, 30.0, 0.01, 0.005);
+        assert!(matches!(
+            judge(&broken, Some(&stable), &thresholds(), false),
+            Verdict::Fail { .. }
+        ));
     }
 }

@@ -141,7 +141,12 @@ async fn judge(
     let stable = ctx
         .rollouts
         .stable(&ns, &name, pick(&s.stable_revision), t.min_requests);
-    Some(analysis::judge(&canary, stable.as_ref(), &t))
+    Some(analysis::judge(
+        &canary,
+        stable.as_ref(),
+        &t,
+        in_step >= window / 2,
+    ))
 }
 
 /// `conditions` with the rollout's `Progressing` condition (a canary strategy only): `False` with
