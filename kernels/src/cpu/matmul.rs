@@ -25,7 +25,7 @@ use crate::weight::WeightData;
 
 /// Raw output pointer shared by the column-block tasks; each task writes a disjoint set of columns.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
 // SAFETY: tasks write disjoint elements (distinct columns) and the borrow of `out` outlives the scope.
 unsafe impl Send for OutPtr {}
 // SAFETY: a shared `&OutPtr` only yields copies of the address; every write through one is to the
@@ -34,7 +34,7 @@ unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
     /// The element at `i` (a method, so closures capture the whole `OutPtr`, which is `Sync`).
-    fn at(self, i: usize) -> *mut f32 {
+    pub(super) fn at(self, i: usize) -> *mut f32 {
         self.0.wrapping_add(i)
     }
 }

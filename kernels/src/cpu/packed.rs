@@ -30,7 +30,7 @@ const MR: usize = 6;
 /// One cache line; the buffer is made of them so panels start 64-byte aligned.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u8; 64]);
+pub(super) struct Line(pub(super) [u8; 64]);
 
 /// A float weight matrix in panel layout (see the module header).
 pub struct Packed {

@@ -42,17 +42,14 @@
 //! Used when the CPU has AVX-512 VNNI (`Isa::Avx512`); the AVX2 path keeps the stored layout. The
 //! packed copy is owned; it has the file's size (the same bytes, rearranged) but for Q6_K (above).
 
+use super::matmul::OutPtr;
+use super::packed::Line;
 use super::pool;
 use crate::quant::QuantKind;
 use crate::weight::{DType, HostWeight, WeightData};
 
 /// Weight rows per panel (one 16-lane register).
 pub(crate) const NR: usize = 16;
-
-/// One cache line; the buffer is made of them so panels start 64-byte aligned.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
 
 /// How one block format is stored in panels.
 pub(crate) trait Format {
@@ -430,22 +427,6 @@ impl QPanels {
     }
 }
 
-/// Raw output pointer shared by the panel tasks; each task writes its own columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements (distinct columns) and the borrow of `out` outlives the loop.
-unsafe impl Send for OutPtr {}
-// SAFETY: a shared `&OutPtr` only yields copies of the address; every write through one is to the
-// writing task's own columns, as above, and nothing reads `out` during the loop.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The element at `i` (a method, so closures capture the whole `OutPtr`, which is `Sync`).
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
 /// `out = x · Wᵀ (+ bias)`, `x` being `rows × k`.
 ///
 /// # Panics
@@ -549,18 +530,7 @@ mod x86 {
 mod tests {
     use super::*;
     use crate::cpu::simd::Isa;
-
-    fn lcg(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::cpu::test_data::lcg;
 
     #[test]
     fn panels_round_trip_and_match_the_row_tiles() {
