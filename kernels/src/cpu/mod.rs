@@ -6,6 +6,7 @@
 //! reproducible within a process; all kernels are batch-invariant (see [`simd`]).
 
 mod attention;
+mod bfpanels;
 mod elementwise;
 mod matmul;
 mod packed;
@@ -20,6 +21,7 @@ pub mod simd;
 #[cfg(test)]
 mod test_data;
 
+pub use bfpanels::{Bf16Dot, BfPanels, supported as bf16_dot_supported};
 pub use elementwise::{max_lanes, softmax_in_place};
 pub use packed::Packed;
 pub use qpanels::{QPanels, held_bytes};
@@ -31,16 +33,19 @@ use crate::weight::HostWeight;
 use matmul::MatmulShape;
 
 /// A weight as the CPU kernels hold it: float matrices of 16 rows or more repacked into panels for the
-/// outer-product matmul ([`Packed`]), Q8_0 and Q5_0 matrices into integer panels with AVX-512
-/// VNNI ([`QPanels`]); vectors and other quantized matrices in their stored layout.
+/// outer-product matmul ([`Packed`]) or, on request and CPUs with AVX-512 BF16, into bf16 pair
+/// panels ([`BfPanels`]); quantized matrices into integer panels with AVX-512 VNNI ([`QPanels`]);
+/// vectors, and quantized matrices without VNNI, in their stored layout.
 #[derive(Debug)]
 pub enum CpuWeight {
     /// The stored layout (zero-copy over the model file).
     Host(HostWeight),
     /// Panel layout, owned.
     Packed(Packed),
-    /// Integer panel layout (Q8_0, Q5_0), owned.
+    /// Integer panel layout (quantized formats), owned.
     QPanels(QPanels),
+    /// bf16 pair panels (f16/bf16 matrices), owned.
+    BfPanels(BfPanels),
 }
 
 impl CpuWeight {
@@ -51,6 +56,7 @@ impl CpuWeight {
             CpuWeight::Host(h) => std::borrow::Cow::Borrowed(h),
             CpuWeight::Packed(p) => std::borrow::Cow::Owned(p.to_host()),
             CpuWeight::QPanels(p) => std::borrow::Cow::Owned(p.to_host()),
+            CpuWeight::BfPanels(p) => std::borrow::Cow::Owned(p.to_host()),
         }
     }
 }
@@ -61,6 +67,8 @@ pub struct CpuKernels {
     isa: Isa,
     /// Compute threads; kernels split work over them inside [`Kernels::scope`].
     pool: pool::Pool,
+    /// Which float matrices run on bf16 dot products.
+    bf16_dot: Bf16Dot,
 }
 
 impl CpuKernels {
@@ -81,7 +89,15 @@ impl CpuKernels {
         Self {
             isa,
             pool: pool::Pool::new(threads),
+            bf16_dot: Bf16Dot::from_env(),
         }
+    }
+
+    /// These kernels with float matrices uploaded from now on held as `mode` says (the default is
+    /// [`Bf16Dot::from_env`]).
+    pub fn with_bf16_dot(mut self, mode: Bf16Dot) -> Self {
+        self.bf16_dot = mode;
+        self
     }
 
     /// The instruction set in use.
@@ -95,7 +111,12 @@ impl Kernels for CpuKernels {
     type Weight = CpuWeight;
 
     fn describe(&self) -> String {
-        format!("cpu {:?} x{} threads", self.isa, self.pool.threads())
+        let dot = match self.bf16_dot {
+            Bf16Dot::Off => "",
+            Bf16Dot::Bf16 => " bf16-dot(bf16)",
+            Bf16Dot::All => " bf16-dot(f16, bf16)",
+        };
+        format!("cpu {:?} x{} threads{dot}", self.isa, self.pool.threads())
     }
 
     fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -107,6 +128,12 @@ impl Kernels for CpuKernels {
             && let Some(p) = self.pool.scope(|| QPanels::pack(w))
         {
             return CpuWeight::QPanels(p);
+        }
+        if self.isa == Isa::Avx512
+            && self.bf16_dot.covers(w.dtype())
+            && let Some(p) = self.pool.scope(|| BfPanels::pack(w))
+        {
+            return CpuWeight::BfPanels(p);
         }
         match self.pool.scope(|| Packed::pack(w)) {
             Some(p) => CpuWeight::Packed(p),
@@ -140,6 +167,12 @@ impl Kernels for CpuKernels {
                     t.row_to_f32(id as usize, &mut out[r * dim..(r + 1) * dim]);
                 }
             }
+            CpuWeight::BfPanels(t) => {
+                let dim = t.cols();
+                for (r, &id) in ids.iter().enumerate() {
+                    t.row_to_f32(id as usize, &mut out[r * dim..(r + 1) * dim]);
+                }
+            }
         }
     }
 
@@ -149,6 +182,7 @@ impl Kernels for CpuKernels {
         match w {
             CpuWeight::Packed(p) => packed::matmul(self.isa, x, rows, p, bias, out),
             CpuWeight::QPanels(p) => qpanels::matmul(x, rows, p, bias, out),
+            CpuWeight::BfPanels(p) => bfpanels::matmul(x, rows, p, bias, out),
             CpuWeight::Host(w) => {
                 let shape = MatmulShape {
                     rows,

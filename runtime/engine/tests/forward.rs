@@ -6,8 +6,8 @@
 use modelfleet_engine::EngineError;
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
 use modelfleet_engine::model::{LlamaModel, LogitsRows, ModelConfig, SeqInput, Weights};
-use modelfleet_kernels::KvDType;
-use modelfleet_kernels::cpu::CpuKernels;
+use modelfleet_kernels::cpu::{Bf16Dot, CpuKernels, Isa};
+use modelfleet_kernels::{Kernels, KvDType};
 use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
 use safetensors::tensor::Dtype;
 
@@ -39,6 +39,11 @@ struct Fixture {
 /// The testkit's tiny Qwen2 (2 layers, GQA 4/2 heads, q/k/v bias; random weights, seed 3) with its
 /// weights stored as `dtype` (the same values, rounded), on `threads` threads.
 fn fixture(dtype: Dtype, threads: usize) -> Fixture {
+    fixture_with(dtype, CpuKernels::new(threads).with_bf16_dot(Bf16Dot::Off))
+}
+
+/// [`fixture`] on `kernels`.
+fn fixture_with(dtype: Dtype, kernels: CpuKernels) -> Fixture {
     let gen_dtype = match dtype {
         Dtype::F16 => GenDType::F16,
         Dtype::BF16 => GenDType::Bf16,
@@ -51,7 +56,6 @@ fn fixture(dtype: Dtype, threads: usize) -> Fixture {
         (VOCAB, MAX_POS)
     );
     let weights = Weights::open(dir.path()).unwrap();
-    let kernels = CpuKernels::new(threads);
     let model = LlamaModel::load(&kernels, config, &weights).unwrap();
     Fixture {
         kernels,
@@ -214,15 +218,73 @@ fn half_precision_weights_track_f32() {
     let p = prompt(4, 12);
     let f32_logits = alone(&fixture(Dtype::F32, 2), &p);
     for dt in [Dtype::F16, Dtype::BF16] {
-        let l = alone(&fixture(dt, 2), &p);
+        let f = fixture(dt, 2);
+        let l = alone(&f, &p);
         let max = l
             .iter()
             .zip(&f32_logits)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f32::max);
-        let tol = if dt == Dtype::F16 { 0.02 } else { 0.15 };
+        let tol = match dt {
+            Dtype::F16 => 0.02,
+            _ => 0.15,
+        };
         assert!(max < tol, "{dt:?}: max |Δ| {max}");
         assert!(l.iter().all(|v| v.is_finite()));
+    }
+}
+
+/// f16 and bf16 weights on bf16 dot products (kernels/src/cpu/bfpanels.rs): f16 rounded to bf16 costs
+/// about twice the exact path's error against f32, and a sequence's logits are the same bits on 1 and
+/// 3 threads and alone or beside another sequence.
+#[test]
+fn bf16_dot_products_track_f32_and_keep_batch_invariance() {
+    if Isa::detect() != Isa::Avx512 || !modelfleet_kernels::cpu::bf16_dot_supported() {
+        eprintln!("skipped: no AVX-512 BF16 here");
+        return;
+    }
+    let p = prompt(4, 12);
+    let f32_logits = alone(&fixture(Dtype::F32, 2), &p);
+    for (dt, tol) in [(Dtype::F16, 0.06), (Dtype::BF16, 0.15)] {
+        let with = |threads| fixture_with(dt, CpuKernels::new(threads).with_bf16_dot(Bf16Dot::All));
+        let (one, three) = (with(1), with(3));
+        assert!(one.kernels.describe().contains("bf16-dot"));
+        let l = alone(&one, &p);
+        let max = l
+            .iter()
+            .zip(&f32_logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(max < tol, "{dt:?}: max |Δ| {max}");
+        let exact = alone(&fixture(dt, 2), &p);
+        assert_ne!(bits(&l), bits(&exact), "{dt:?}: the bf16 panels were not used");
+        assert_eq!(bits(&l), bits(&alone(&three, &p)), "{dt:?}: 1 vs 3 threads");
+        // Beside another sequence in the same step: the same last row.
+        let other = prompt(8, 7);
+        let mut cache = one.model.new_kv_cache(&one.kernels, 16, 4);
+        let (t0, t1) = ([0u32, 1], [2u32, 3, 4, 5]);
+        let seqs = [
+            SeqInput {
+                tokens: &other,
+                start_pos: 0,
+                block_table: &t0,
+                logits: LogitsRows::Last,
+                adapter: None,
+            },
+            SeqInput {
+                tokens: &p,
+                start_pos: 0,
+                block_table: &t1,
+                logits: LogitsRows::Last,
+                adapter: None,
+            },
+        ];
+        let out = one.model.forward(&one.kernels, &seqs, &mut cache).unwrap();
+        assert_eq!(
+            bits(out.last(1).unwrap()),
+            bits(&l[11 * VOCAB..]),
+            "{dt:?}: in a batch"
+        );
     }
 }
 
