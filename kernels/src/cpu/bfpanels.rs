@@ -11,8 +11,9 @@
 //! files; f16 keeps 8 of its 11 significant bits) and the activations to bf16 per product; products of
 //! two bf16 are exact in f32 and the sums are f32. vLLM's CPU backend makes the same choice (f16 models
 //! run in bf16 there); the cost is measured per format in docs/benchmarks.md ("bf16 dot products").
-//! Used on request only ([`Bf16Dot`]); otherwise f16 and bf16 matrices keep the exact f32 tiles
-//! ([`super::packed`]).
+//! Used for f16 and bf16 matrices wherever the CPU has AVX-512 BF16 unless switched off ([`Bf16Dot`]:
+//! `--bf16-dot off`), as the integer panels are for quantized ones; the f32 tiles ([`super::packed`])
+//! stay the exact reference.
 //!
 //! Invariant: each output is one chain `acc = 0; acc = dpbf16(acc, x pair t, w pair t)` for `t = 0..`
 //! in order, then `+ bias`: it depends on nothing but the element's own inputs, so a row gets the
@@ -43,26 +44,27 @@ impl std::fmt::Debug for BfPanels {
 }
 
 /// Which float matrices [`super::CpuKernels`] on [`super::Isa::Avx512`] hold as [`BfPanels`] where the
-/// CPU has AVX-512 BF16. An opt-in: the cost in accuracy is measured in docs/benchmarks.md.
+/// CPU has AVX-512 BF16 (elsewhere every float matrix keeps the exact f32 tiles). The cost in accuracy
+/// is measured in docs/benchmarks.md ("bf16 dot products").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Bf16Dot {
     /// None: every float matrix on the exact f32 tiles.
-    #[default]
     Off,
     /// bf16 matrices: their weights are held exactly, only the activations are rounded (as llama.cpp
     /// does for its BF16 products).
     Bf16,
-    /// f16 matrices too: their weights lose 3 of their 11 significant bits.
+    /// f16 matrices too: their weights lose 3 of their 11 significant bits (the default).
+    #[default]
     All,
 }
 
 impl Bf16Dot {
-    /// From `MODELFLEET_BF16_DOT` (`off`, `bf16` or `all`; unset or anything else is `off`).
+    /// From `MODELFLEET_BF16_DOT` (`off`, `bf16` or `all`; unset or anything else is `all`).
     pub fn from_env() -> Self {
         match std::env::var("MODELFLEET_BF16_DOT").as_deref() {
-            Ok("all") => Bf16Dot::All,
+            Ok("off") => Bf16Dot::Off,
             Ok("bf16") => Bf16Dot::Bf16,
-            _ => Bf16Dot::Off,
+            _ => Bf16Dot::All,
         }
     }
 

@@ -33,8 +33,8 @@ use crate::weight::HostWeight;
 use matmul::MatmulShape;
 
 /// A weight as the CPU kernels hold it: float matrices of 16 rows or more repacked into panels for the
-/// outer-product matmul ([`Packed`]) or, on request and CPUs with AVX-512 BF16, into bf16 pair
-/// panels ([`BfPanels`]); quantized matrices into integer panels with AVX-512 VNNI ([`QPanels`]);
+/// outer-product matmul ([`Packed`]) or, f16/bf16 ones on CPUs with AVX-512 BF16 (unless switched
+/// off: [`Bf16Dot`]), into bf16 pair panels ([`BfPanels`]); quantized matrices into integer panels with AVX-512 VNNI ([`QPanels`]);
 /// vectors, and quantized matrices without VNNI, in their stored layout.
 #[derive(Debug)]
 pub enum CpuWeight {

@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::{llama, mistral, qwen2};
 use modelfleet_engine::ModelDir;
-use modelfleet_engine::kernels::cpu::CpuKernels;
+use modelfleet_engine::kernels::cpu::{Bf16Dot, CpuKernels};
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
 use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
 use modelfleet_engine::sampling::SamplingParams;
@@ -97,7 +97,9 @@ fn check_shape(shape: Shape, dtype: GenDType) {
     assert!(prompt.len() > 10, "{shape:?}: prompt of {} tokens", prompt.len());
 
     // Engine: prefill with all logits, then greedy decode.
-    let kernels = CpuKernels::new(0);
+    // The exact f32 products: the bf16 dot products' cost is measured by bench/accuracy.sh and
+    // bounded in forward.rs.
+    let kernels = CpuKernels::new(0).with_bf16_dot(Bf16Dot::Off);
     let model = LlamaModel::load(&kernels, md.config.clone(), &md.weights).unwrap();
     let vocab = md.config.vocab_size;
     let mut kv = KvCacheManager::new(FreeListPool::new(32), 16);

@@ -28,6 +28,29 @@ pub enum KvCacheDType {
     Float16,
 }
 
+/// `--bf16-dot`: which float matrices run on AVX-512 BF16 dot products (where the CPU has them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Bf16DotArg {
+    /// None: f32, f16 and bf16 matrices on exact f32 products.
+    Off,
+    /// bf16 matrices (weights exact, activations rounded to bf16).
+    Bf16,
+    /// f16 matrices too (weights rounded to bf16: 8 of their 11 significant bits).
+    All,
+}
+
+impl Bf16DotArg {
+    /// The kernels' setting.
+    pub fn mode(self) -> modelfleet_engine::kernels::cpu::Bf16Dot {
+        use modelfleet_engine::kernels::cpu::Bf16Dot;
+        match self {
+            Bf16DotArg::Off => Bf16Dot::Off,
+            Bf16DotArg::Bf16 => Bf16Dot::Bf16,
+            Bf16DotArg::All => Bf16Dot::All,
+        }
+    }
+}
+
 impl KvCacheDType {
     /// The engine's element type.
     pub fn kv_dtype(self) -> KvDType {
@@ -77,6 +100,11 @@ pub struct ServeArgs {
     /// Compute threads (0 = one per core).
     #[arg(long, env = "MODELFLEET_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Float matrices on AVX-512 BF16 dot products where the CPU has them: `all` (f16 weights rounded
+    /// to bf16, and bf16 ones), `bf16` (bf16 weights only) or `off` (exact f32 products); `all` gives
+    /// f16 about 1.6× the prefill at a measured cost in accuracy (docs/benchmarks.md).
+    #[arg(long, env = "MODELFLEET_BF16_DOT", value_enum, default_value = "all")]
+    pub bf16_dot: Bf16DotArg,
     /// Context limit (default: the model's).
     #[arg(long, env = "MODELFLEET_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,

@@ -80,6 +80,8 @@ pub struct RuntimeConfig {
     pub draft: Option<(Artifact, usize)>,
     /// The engine (its KV pool still to be sized from the memory budget at load).
     pub engine: EngineConfig,
+    /// Which float matrices run on bf16 dot products.
+    pub bf16_dot: modelfleet_engine::kernels::cpu::Bf16Dot,
     /// The step loop's scheduler.
     pub scheduler: SchedulerConfig,
     /// The admission queue's bounds.
@@ -141,6 +143,7 @@ impl ServeArgs {
                 digest: self.digest.clone(),
             },
             draft,
+            bf16_dot: self.bf16_dot.mode(),
             engine: EngineConfig {
                 threads: self.threads,
                 block_size: self.block_size,

@@ -81,6 +81,7 @@ pub async fn load_engine(
     let hook: FinishHook = Arc::new(move |tenant, f| generate::record(&m, &n, tenant, f));
     let (model, draft) = (cfg.model.path.clone(), cfg.draft.clone());
     let (engine_cfg, (pool_flags, pool_settings)) = (cfg.engine.clone(), cfg.pool.clone());
+    let bf16_dot = cfg.bf16_dot;
     let load = move || {
         let md = ModelDir::open(&model)?;
         let draft = match draft {
@@ -98,7 +99,7 @@ pub async fn load_engine(
         tracing::info!("{pool}");
         let mut engine_cfg = engine_cfg;
         engine_cfg.num_kv_blocks = Some(pool.blocks);
-        let kernels = CpuKernels::new(engine_cfg.threads);
+        let kernels = CpuKernels::new(engine_cfg.threads).with_bf16_dot(bf16_dot);
         tracing::info!(
             kernels = %modelfleet_engine::kernels::Kernels::describe(&kernels),
             "compute kernels chosen"
