@@ -4,8 +4,9 @@
 //! `t` of inputs (`k` padded to even), the 16 pairs `(w[16p + j, 2t], w[16p + j, 2t + 1])` as bf16, one
 //! 64-byte line. The activations are rounded to bf16 once per product (round to nearest even); one
 //! `vdpbf16ps` of a weight line against a broadcast activation pair adds two products to 16 outputs'
-//! accumulators, 32 multiply-adds per instruction where an f32 FMA does 16 (on AMD Zen 4 both issue
-//! at one 512-bit instruction per cycle and pipe, so compute-bound products take half the time).
+//! accumulators, 32 multiply-adds per instruction where an f32 FMA does 16 (on this project's AVX-512
+//! BF16 host the two issue at the same rate: compute-bound products run at 1.8× the f32 tiles'
+//! multiply-adds per second, docs/benchmarks.md).
 //!
 //! Exactness: this is not the f32 path. The weights are rounded to bf16 at load (exact for bf16
 //! files; f16 keeps 8 of its 11 significant bits) and the activations to bf16 per product; products of

@@ -34,8 +34,9 @@ use matmul::MatmulShape;
 
 /// A weight as the CPU kernels hold it: float matrices of 16 rows or more repacked into panels for the
 /// outer-product matmul ([`Packed`]) or, f16/bf16 ones on CPUs with AVX-512 BF16 (unless switched
-/// off: [`Bf16Dot`]), into bf16 pair panels ([`BfPanels`]); quantized matrices into integer panels with AVX-512 VNNI ([`QPanels`]);
-/// vectors, and quantized matrices without VNNI, in their stored layout.
+/// off: [`Bf16Dot`]), into bf16 pair panels ([`BfPanels`]); quantized matrices into integer panels
+/// with AVX-512 VNNI ([`QPanels`]); vectors, and quantized matrices without VNNI, in their stored
+/// layout.
 #[derive(Debug)]
 pub enum CpuWeight {
     /// The stored layout (zero-copy over the model file).
@@ -111,7 +112,9 @@ impl Kernels for CpuKernels {
     type Weight = CpuWeight;
 
     fn describe(&self) -> String {
+        // Only what takes effect: the bf16 panels need AVX-512 and its BF16 extension.
         let dot = match self.bf16_dot {
+            _ if self.isa != Isa::Avx512 || !bfpanels::supported() => "",
             Bf16Dot::Off => "",
             Bf16Dot::Bf16 => " bf16-dot(bf16)",
             Bf16Dot::All => " bf16-dot(f16, bf16)",
