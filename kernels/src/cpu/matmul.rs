@@ -37,6 +37,34 @@ impl OutPtr {
     pub(super) fn at(self, i: usize) -> *mut f32 {
         self.0.wrapping_add(i)
     }
+
+    /// Stores a panel tile's sums plus the bias: `acc[i][q]` is row `r + i`, columns `(p + q)·16 ..+ 16`
+    /// for `q < np`, those past `n` dropped (the integer and bf16 panels' common epilogue).
+    ///
+    /// # Safety
+    /// `out` holds at least `(r + acc.len()) · n` values, and rows `r..r + acc.len()` × panels
+    /// `p..p + np` of them belong to the caller, which nothing else touches meanwhile; `bias` holds `n`.
+    pub(super) unsafe fn put_tile<const P: usize>(
+        self,
+        n: usize,
+        r: usize,
+        p: usize,
+        acc: &[[[f32; 16]; P]],
+        np: usize,
+        bias: &[f32],
+    ) {
+        for (i, row) in acc.iter().enumerate() {
+            for (q, lanes) in row[..np].iter().enumerate() {
+                let c0 = (p + q) * 16;
+                let m = 16.min(n - c0);
+                // SAFETY: columns `c0..c0 + m` (`≤ n`) of row `r + i` are the caller's (our contract).
+                let dst = unsafe { std::slice::from_raw_parts_mut(self.at((r + i) * n + c0), m) };
+                for ((o, v), b) in dst.iter_mut().zip(lanes).zip(&bias[c0..c0 + m]) {
+                    *o = v + b;
+                }
+            }
+        }
+    }
 }
 
 /// The shape of one product: `x` is `rows × k` row-major, the weight `n × k`, `out` `rows × n`.

@@ -484,18 +484,9 @@ pub(crate) fn matmul(x: &[f32], rows: usize, w: &QPanels, bias: Option<WeightDat
                 // SAFETY: AVX-512 VNNI was asserted above; `ws` holds `np` whole panels of `nb`
                 // blocks of `w.kind`, `xs`/`ss` `tile` rows of `nb` blocks (the arguments' lengths).
                 unsafe { x86::tile_dispatch(w.kind, tile, np, nb, pb, ws, xs, ss, &mut acc) };
-                for (i, row) in acc[..tile].iter().enumerate() {
-                    for (q, lanes) in row[..np].iter().enumerate() {
-                        let c0 = (p + q) * NR;
-                        let m = NR.min(n - c0);
-                        // SAFETY: columns `c0..c0 + m` (`≤ n`) belong to this task; `r + i < rows`, so
-                        // the `m` outputs lie inside `out`, which nothing else touches meanwhile.
-                        let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.at((r + i) * n + c0), m) };
-                        for ((o, v), b) in dst.iter_mut().zip(lanes).zip(&bias[c0..c0 + m]) {
-                            *o = v + b;
-                        }
-                    }
-                }
+                // SAFETY: rows `r..r + tile` (`≤ rows`) × panels `p..p + np` (`≤ panels`) are this
+                // task's, and `out` holds `rows · n` values (checked above).
+                unsafe { out_ptr.put_tile(n, r, p, &acc[..tile], np, bias) };
                 p += np;
             }
             r += tile;

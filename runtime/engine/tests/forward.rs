@@ -95,6 +95,11 @@ fn alone_as(f: &Fixture, tokens: &[u32], dtype: KvDType) -> Vec<f32> {
         .to_vec()
 }
 
+/// The largest |a − b| over two logit vectors.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -220,15 +225,8 @@ fn half_precision_weights_track_f32() {
     for dt in [Dtype::F16, Dtype::BF16] {
         let f = fixture(dt, 2);
         let l = alone(&f, &p);
-        let max = l
-            .iter()
-            .zip(&f32_logits)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        let tol = match dt {
-            Dtype::F16 => 0.02,
-            _ => 0.15,
-        };
+        let max = max_abs_diff(&l, &f32_logits);
+        let tol = if dt == Dtype::F16 { 0.02 } else { 0.15 };
         assert!(max < tol, "{dt:?}: max |Δ| {max}");
         assert!(l.iter().all(|v| v.is_finite()));
     }
@@ -250,11 +248,7 @@ fn bf16_dot_products_track_f32_and_keep_batch_invariance() {
         let (one, three) = (with(1), with(3));
         assert!(one.kernels.describe().contains("bf16-dot"));
         let l = alone(&one, &p);
-        let max = l
-            .iter()
-            .zip(&f32_logits)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let max = max_abs_diff(&l, &f32_logits);
         assert!(max < tol, "{dt:?}: max |Δ| {max}");
         let exact = alone(&fixture(dt, 2), &p);
         assert_ne!(bits(&l), bits(&exact), "{dt:?}: the bf16 panels were not used");
