@@ -15,6 +15,12 @@
 //! already looks ahead (the arrival trend over a pod's lead time) and has its own hysteresis (up at a
 //! 10% margin, down only at 25%, through the scale-down window); waiting the up-window on a rising
 //! load is what lets the objective be violated before the replica arrives.
+//!
+//! And so is their scale-down hold ([`down_hold`]): where every target in force is an objective and
+//! the fleet has not scaled up for a whole window, the model's smaller count must hold for the lead
+//! time (the time a scale-up takes to serve, so a wrong step down is undone within it), not for the
+//! whole window. The window still bounds flapping: a scale-down within a window of a scale-up waits it
+//! out, so at most one rise and fall per window, as before.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -22,7 +28,7 @@ use modelfleet_crds::model_deployment::{AutoscalerState, AutoscalingSpec, Scalin
 use std::cmp::Ordering;
 
 /// Fleet-wide figures from one metrics pass over the ready replicas.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Sample {
     /// Replicas whose metrics were read.
     pub replicas: i32,
@@ -34,6 +40,9 @@ pub struct Sample {
     pub kv_mean: f64,
     /// With objectives: the capacity model's count and why (`None`: not measured yet, which holds).
     pub objectives: Option<(i32, String)>,
+    /// With objectives: the lead time, seconds from a scale-up asked for to its pod serving
+    /// ([`down_hold`]).
+    pub lead: Option<f64>,
 }
 
 /// The recommendations of the last scale-down window, as a sliding-window maximum: entries (time in
@@ -45,6 +54,8 @@ pub struct DownWindow {
     /// The first reading of this unbroken run of readings.
     since: Option<i64>,
     peaks: Vec<(i64, i32)>,
+    /// The last scale-up this leader decided.
+    rose: Option<i64>,
 }
 
 impl DownWindow {
@@ -60,11 +71,24 @@ impl DownWindow {
         self.peaks.drain(..inside.unwrap_or(self.peaks.len() - 1));
     }
 
-    /// The highest recommendation of the last `window` seconds, once readings have covered a whole
-    /// window.
+    /// The highest recommendation of the last `window` seconds (at most the window `observe` is
+    /// given), once readings have covered that long.
     pub fn highest(&self, now: i64, window: i64) -> Option<i32> {
         let covered = now - self.since? >= window;
-        covered.then(|| self.peaks.first().map(|p| p.1)).flatten()
+        covered.then(|| self.peak(now, window)).flatten()
+    }
+
+    /// The highest recommendation of the last `window` seconds seen so far. Every entry dropped from
+    /// `peaks` was at most a later one, so the first entry inside the window is its maximum.
+    fn peak(&self, now: i64, window: i64) -> Option<i32> {
+        let first = self.peaks.iter().find(|&&(t, _)| t >= now - window);
+        first.map(|p| p.1)
+    }
+
+    /// Readings have covered a whole `window` and it holds no scale-up.
+    fn calm(&self, now: i64, window: i64) -> bool {
+        let covered = self.since.is_some_and(|s| now - s >= window);
+        covered && self.rose.is_none_or(|t| now - t >= window)
     }
 
     /// A gap in the readings: the next window starts from scratch.
@@ -148,9 +172,40 @@ fn objectives_up(
     })
 }
 
+/// The scale-down hold in force, seconds: the spec's `window`, or the lead time (at most the window)
+/// where every target in force is an objective, the model sized this pass and the last whole window
+/// held no scale-up ([`DownWindow::calm`]). The model's own hysteresis (down only at a 25% margin, up
+/// at 10%) is what keeps noise from stepping down; the lead time is how long a wrong step takes to
+/// undo.
+pub fn down_hold(spec: &AutoscalingSpec, sample: &Sample, down: &DownWindow, now: i64, window: i64) -> i64 {
+    let objectives_only =
+        spec.objectives.is_some() && spec.queue_target().is_none() && spec.kv_target().is_none();
+    match sample.lead {
+        Some(lead) if objectives_only && sample.objectives.is_some() && down.calm(now, window) => {
+            (lead.ceil() as i64).clamp(1, window.max(1))
+        }
+        _ => window,
+    }
+}
+
 /// One autoscaler pass: `sample` is None when metrics are missing or stale; `down` is the deployment's
-/// scale-down window, updated.
+/// scale-down window, updated (with the time of a scale-up this pass decides).
 pub fn decide(
+    spec: &AutoscalingSpec,
+    state: &AutoscalerState,
+    down: &mut DownWindow,
+    current: i32,
+    sample: Option<&Sample>,
+    now: Timestamp,
+) -> Decision {
+    let d = decide_pass(spec, state, down, current, sample, now);
+    if d.replicas > current {
+        down.rose = Some(now.as_second());
+    }
+    d
+}
+
+fn decide_pass(
     spec: &AutoscalingSpec,
     state: &AutoscalerState,
     down: &mut DownWindow,
@@ -183,8 +238,9 @@ pub fn decide(
         };
     };
     let (rec, why) = recommend(sample, spec, current);
-    let down_window = i64::from(spec.scale_down_stabilization_seconds);
-    down.observe(now.as_second(), rec, down_window);
+    let window = i64::from(spec.scale_down_stabilization_seconds);
+    down.observe(now.as_second(), rec, window);
+    let down_window = down_hold(spec, sample, down, now.as_second(), window);
     if let Some(up) = objectives_up(spec, sample, (rec, &why), current) {
         return up;
     }
@@ -204,7 +260,7 @@ pub fn decide(
                 state: AutoscalerState {
                     scale_down: Some(ScalingCandidate {
                         since: state.scale_down.as_ref().map_or(Time(now), |c| c.since.clone()),
-                        replicas: down.peaks.first().map_or(rec, |p| p.1),
+                        replicas: down.peak(now.as_second(), down_window).unwrap_or(rec),
                     }),
                     ..Default::default()
                 },
@@ -269,6 +325,7 @@ mod tests {
             running: 0.0,
             kv_mean: kv,
             objectives: None,
+            lead: None,
         }
     }
 
@@ -479,6 +536,78 @@ mod tests {
             decide(&s, &AutoscalerState::default(), &mut w, 3, Some(&down), at(0)).replicas,
             3
         );
+    }
+
+    /// Objectives only (`ttftP95`), up-window 15 s, down-window 30 s.
+    fn objectives_only() -> AutoscalingSpec {
+        serde_json::from_value(serde_json::json!({
+            "minReplicas": 1, "maxReplicas": 10, "scaleUpStabilizationSeconds": 15,
+            "scaleDownStabilizationSeconds": 30, "objectives": {"ttftP95": "1s"}
+        }))
+        .unwrap()
+    }
+
+    /// A pass where the objectives' model asks for `n`, with a 10 s lead time.
+    fn sized(replicas: i32, n: i32) -> Sample {
+        Sample {
+            objectives: Some((n, "model".into())),
+            lead: Some(10.0),
+            ..sample(replicas, 0.0, 0.0)
+        }
+    }
+
+    /// Feeds `(second, model's count)` passes at `current` replicas; the count after each.
+    fn run(spec: &AutoscalingSpec, w: &mut DownWindow, current: i32, passes: &[(i64, i32)]) -> Vec<i32> {
+        let state = AutoscalerState::default();
+        let at_n = |&(t, n): &(i64, i32)| (t, sized(current, n));
+        let passes: Vec<_> = passes.iter().map(at_n).collect();
+        passes
+            .iter()
+            .map(|(t, s)| decide(spec, &state, w, current, Some(s), at(*t)).replicas)
+            .collect()
+    }
+
+    #[test]
+    fn objectives_only_step_down_after_the_lead_time_when_calm() {
+        let s = objectives_only();
+        let mut w = DownWindow::default();
+        let steady: Vec<(i64, i32)> = (0..=8).map(|i| (i * 5, 3)).collect(); // 0..40 s at 3
+        assert!(run(&s, &mut w, 3, &steady).iter().all(|&r| r == 3));
+        // The model says 2 from 45 s: held for the 10 s lead time, not the 30 s window.
+        assert_eq!(run(&s, &mut w, 3, &[(45, 2), (50, 2), (55, 2)]), [3, 3, 2]);
+        // With a queue target in force too, the window holds as before.
+        let mut with_queue = objectives_only();
+        with_queue.target_queue_depth_per_replica = Some(4);
+        let mut w = DownWindow::default();
+        run(&with_queue, &mut w, 3, &steady);
+        assert_eq!(
+            run(&with_queue, &mut w, 3, &[(45, 2), (55, 2), (70, 2), (75, 2)]),
+            [3, 3, 3, 2]
+        );
+        // Without a lead time (the model did not size this pass), likewise.
+        let mut w = DownWindow::default();
+        let mut no_lead = |t: i64, n: i32| {
+            let sample = Sample {
+                lead: None,
+                ..sized(3, n)
+            };
+            decide(&s, &AutoscalerState::default(), &mut w, 3, Some(&sample), at(t)).replicas
+        };
+        (0..=8).for_each(|i| assert_eq!(no_lead(i * 5, 3), 3));
+        assert_eq!([no_lead(45, 2), no_lead(55, 2), no_lead(75, 2)], [3, 3, 2]);
+    }
+
+    #[test]
+    fn a_scale_up_keeps_the_whole_window_before_the_next_step_down() {
+        let s = objectives_only();
+        let mut w = DownWindow::default();
+        let steady: Vec<(i64, i32)> = (0..=8).map(|i| (i * 5, 2)).collect();
+        run(&s, &mut w, 2, &steady);
+        assert_eq!(run(&s, &mut w, 2, &[(45, 3)]), [3], "up at once");
+        // At 3, the model wants 2 again from 50 s: no step down until a whole window after the rise
+        // (75 s), though the lower count has held for the lead time since 60 s.
+        let after: Vec<(i64, i32)> = (10..=15).map(|i| (i * 5, 2)).collect();
+        assert_eq!(run(&s, &mut w, 3, &after), [3, 3, 3, 3, 3, 2]);
     }
 
     #[test]

@@ -276,6 +276,7 @@ impl Autoscaler {
                 Ok((mut sample, Some(counters))) => {
                     let (need, status) = self.size(key, plan, counters, current);
                     sample.objectives = need.map(|n| (n.replicas, n.why));
+                    sample.lead = Some(plan.lead);
                     objectives = Some(status);
                     Ok(sample)
                 }

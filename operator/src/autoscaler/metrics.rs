@@ -85,6 +85,7 @@ pub fn aggregate(pods: &[PodMetrics]) -> Option<Sample> {
         running: pods.iter().map(|p| p.running).sum(),
         kv_mean: pods.iter().map(|p| p.kv).sum::<f64>() / pods.len() as f64,
         objectives: None,
+        lead: None,
     })
 }
 

@@ -129,6 +129,7 @@ mod tests {
             running,
             kv_mean: 0.0,
             objectives: None,
+            lead: None,
         }
     }
 
