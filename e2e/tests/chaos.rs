@@ -106,6 +106,27 @@ fn conditions(status: &Value) -> BTreeMap<String, (String, String)> {
         .collect()
 }
 
+/// Per write along `states` (starting from `before`): the status fields it changed, old → new.
+fn changed_fields(before: &Value, states: &[Value]) -> Vec<BTreeMap<String, (Value, Value)>> {
+    let mut prev = before;
+    let mut out = Vec::new();
+    for s in states {
+        let keys = |v: &Value| v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+        let mut names = keys(prev).unwrap_or_default();
+        names.extend(keys(s).unwrap_or_default());
+        names.sort();
+        names.dedup();
+        let diff = names
+            .into_iter()
+            .filter(|k| prev[k] != s[k])
+            .map(|k| (k.clone(), (prev[&k].clone(), s[&k].clone())))
+            .collect();
+        out.push(diff);
+        prev = s;
+    }
+    out
+}
+
 /// Per condition type: how often its status changed along `states` (starting from `before`).
 fn transitions(before: &Value, states: &[Value]) -> BTreeMap<String, usize> {
     let mut counts: BTreeMap<String, usize> = conditions(before).keys().map(|k| (k.clone(), 0)).collect();
@@ -281,8 +302,9 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
     );
     assert!(
         steady.is_empty(),
-        "status written {} times with nothing changing: {steady:#?}",
-        steady.len()
+        "status written {} times with no condition changing; what each write changed: {:#?}",
+        steady.len(),
+        changed_fields(during.last().unwrap_or(&before), &steady)
     );
     kubectl_ok(
         &[
