@@ -16,9 +16,9 @@
 //! 10% margin, down only at 25%, through the scale-down window); waiting the up-window on a rising
 //! load is what lets the objective be violated before the replica arrives.
 //!
-//! And so is their scale-down hold ([`down_hold`]): where every target in force is an objective and
-//! the fleet has not scaled up for a whole window, the model's smaller count must hold for the lead
-//! time (the time a scale-up takes to serve, so a wrong step down is undone within it), not for the
+//! And so is their scale-down hold ([`down_hold`]): where every target in force is an objective, the
+//! arrival rate is not rising and the fleet has not scaled up for a whole window, the model's smaller
+//! count must hold for the lead time (the time a scale-up takes to serve, so a wrong step down is undone within it), not for the
 //! whole window. The window still bounds flapping: a scale-down within a window of a scale-up waits it
 //! out, so at most one rise and fall per window, as before.
 
@@ -40,8 +40,8 @@ pub struct Sample {
     pub kv_mean: f64,
     /// With objectives: the capacity model's count and why (`None`: not measured yet, which holds).
     pub objectives: Option<(i32, String)>,
-    /// With objectives: the lead time, seconds from a scale-up asked for to its pod serving
-    /// ([`down_hold`]).
+    /// With objectives, where the arrival rate is not rising: the lead time, seconds from a scale-up
+    /// asked for to its pod serving ([`down_hold`]).
     pub lead: Option<f64>,
 }
 
@@ -173,8 +173,8 @@ fn objectives_up(
 }
 
 /// The scale-down hold in force, seconds: the spec's `window`, or the lead time (at most the window)
-/// where every target in force is an objective, the model sized this pass and the last whole window
-/// held no scale-up ([`DownWindow::calm`]). The model's own hysteresis (down only at a 25% margin, up
+/// where every target in force is an objective, the model sized this pass on an arrival rate that is
+/// not rising (`sample.lead`) and the last whole window held no scale-up ([`DownWindow::calm`]). The model's own hysteresis (down only at a 25% margin, up
 /// at 10%) is what keeps noise from stepping down; the lead time is how long a wrong step takes to
 /// undo.
 pub fn down_hold(spec: &AutoscalingSpec, sample: &Sample, down: &DownWindow, now: i64, window: i64) -> i64 {

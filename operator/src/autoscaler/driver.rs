@@ -275,8 +275,8 @@ impl Autoscaler {
             let sample = match read_sample(md, spec, pods, &self.http, want_counters).await {
                 Ok((mut sample, Some(counters))) => {
                     let (need, status) = self.size(key, plan, counters, current);
+                    sample.lead = need.as_ref().filter(|n| !n.rising).map(|_| plan.lead);
                     sample.objectives = need.map(|n| (n.replicas, n.why));
-                    sample.lead = Some(plan.lead);
                     objectives = Some(status);
                     Ok(sample)
                 }

@@ -87,6 +87,9 @@ pub struct Need {
     pub unloaded: Unloaded,
     /// Why, in words.
     pub why: String,
+    /// The arrival rate is rising (its trend is above zero): a step down then waits the whole
+    /// scale-down window ([`super::decide::down_hold`]).
+    pub rising: bool,
 }
 
 /// The replicas `targets` need under `load` with the fleet at `current`, given the saturated output
@@ -128,6 +131,7 @@ pub fn needed(
             replicas: 1,
             unloaded,
             why: why.join("; "),
+            rising: false,
         };
     }
     let objectives = [
@@ -155,6 +159,7 @@ pub fn needed(
         replicas: replicas.max(1),
         unloaded,
         why: why.join("; "),
+        rising: load.arrival_trend > 0.0,
     }
 }
 
@@ -425,9 +430,16 @@ mod tests {
     #[test]
     fn rising_arrivals_buy_replicas_ahead() {
         let mut l = load(2, 400.0, 0.4, 0.06);
-        let flat = needed(&l, &BOTH, Some(400.0), 60.0, 2, [None, None]).replicas;
+        let flat = needed(&l, &BOTH, Some(400.0), 60.0, 2, [None, None]);
+        assert!(!flat.rising);
+        let flat = flat.replicas;
         l.arrival_trend = 4.0 / 60.0; // 4 -> 8 req/s within the lead time
-        let rising = needed(&l, &BOTH, Some(400.0), 60.0, 2, [None, None]).replicas;
+        let rising = needed(&l, &BOTH, Some(400.0), 60.0, 2, [None, None]);
+        assert!(
+            rising.rising,
+            "a rising load is marked: it holds a step down for the whole window"
+        );
+        let rising = rising.replicas;
         assert!(rising > flat, "{rising} vs {flat}");
         l.arrival_trend = -1.0;
         assert_eq!(

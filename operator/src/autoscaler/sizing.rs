@@ -26,8 +26,12 @@ use std::time::{Duration, Instant};
 
 /// How far back saturated intervals count towards a replica's saturated throughput.
 pub const SATURATION_WINDOW: Duration = Duration::from_secs(1800);
-/// Least saturated replica-seconds before the figure is used.
-pub const MIN_SATURATED_SECONDS: f64 = 10.0;
+/// Least saturated replica-seconds before the figure is used: one pass's interval. A burst that
+/// saturates a fresh fleet must have its μ before its first p95 over the objective scales it out (and
+/// spreads the queue μ is measured on): a fleet scaled out without μ cannot size down, and a ramp run
+/// of 2026-12-06 sat at 4 replicas throughout, from losing that race at 10 s. Tokens are counted
+/// exactly, and one interval of a full batch is hundreds of them; more saturated intervals refine it.
+pub const MIN_SATURATED_SECONDS: f64 = 3.0;
 /// Lead time before a pod of the deployment was seen becoming Ready.
 pub const DEFAULT_LEAD: f64 = 60.0;
 /// Least span of readings before percentiles and rates are used.
@@ -39,11 +43,6 @@ pub const CALIBRATION_MEMORY: Duration = Duration::from_secs(600);
 pub const RATE_SPAN: Duration = Duration::from_secs(12);
 /// Span the arrival trend is measured over.
 const TREND_SPAN: Duration = Duration::from_secs(30);
-/// A change of the arrival rate over [`TREND_SPAN`] within this many standard errors of the difference
-/// of two Poisson rates over [`RATE_SPAN`] is noise, not a trend: on a steady load the projection
-/// would otherwise buy a replica on a chance high (a ramp run of 2026-12-06 went 3 -> 4 on its
-/// plateau that way).
-const TREND_NOISE: f64 = 2.0;
 
 /// What the leader keeps per deployment for its objectives.
 #[derive(Clone, Debug, Default)]
@@ -221,8 +220,7 @@ impl Sizing {
         self.p95
     }
 
-    /// Requests/s per second over the last [`TREND_SPAN`], after recording `arrival` at `at`; 0 where
-    /// the change is within the rates' own noise ([`TREND_NOISE`]).
+    /// Requests/s per second over the last [`TREND_SPAN`], after recording `arrival` at `at`.
     fn trend(&mut self, at: Instant, arrival: f64) -> f64 {
         self.arrivals.push_back((at, arrival));
         while self
@@ -234,13 +232,7 @@ impl Sizing {
         }
         match self.arrivals.front() {
             Some((t, first)) if at.duration_since(*t) >= MIN_SPAN => {
-                // Arrivals counted over RATE_SPAN are Poisson: a rate r has variance r / span.
-                let noise = ((arrival + first) / RATE_SPAN.as_secs_f64()).sqrt();
-                let change = arrival - first;
-                match change.abs() > TREND_NOISE * noise {
-                    true => change / at.duration_since(*t).as_secs_f64(),
-                    false => 0.0,
-                }
+                (arrival - first) / at.duration_since(*t).as_secs_f64()
             }
             _ => 0.0,
         }
@@ -324,25 +316,6 @@ mod tests {
         // Saturated (ρ = 1): no calibration, no unloaded latency known: aim at 70% -> 300/210 -> 2.
         assert_eq!(need.replicas, 2, "{}", need.why);
         assert_eq!(status.needed_replicas, Some(2));
-    }
-
-    #[test]
-    fn a_trend_within_the_rates_noise_is_none() {
-        let mut s = Sizing::default();
-        let t0 = Instant::now();
-        let at = |secs: u64| t0 + Duration::from_secs(secs);
-        assert_eq!(s.trend(at(0), 4.5), 0.0, "one reading: no span yet");
-        // A plateau at 4.5 requests/s: 5.0 is within two standard errors (2·√(9.5/12) ≈ 1.78).
-        assert_eq!(s.trend(at(30), 5.0), 0.0);
-        // A rise of 2 requests/s over 30 s at about 2 requests/s (2·√(4/12) ≈ 1.15) is a trend.
-        let mut s = Sizing::default();
-        s.trend(at(0), 1.0);
-        let t = s.trend(at(30), 3.0);
-        assert!((t - 2.0 / 30.0).abs() < 1e-12, "{t}");
-        // And so is a fall, in the same measure.
-        let mut s = Sizing::default();
-        s.trend(at(0), 3.0);
-        assert!(s.trend(at(30), 1.0) < 0.0);
     }
 
     #[test]
