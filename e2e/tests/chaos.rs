@@ -163,22 +163,7 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
     kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&fleet(&dir, &digest)));
     let client = client().await;
     let mds: Api<ModelDeployment> = Api::namespaced(client.clone(), &ns.name);
-    let ready_one = wait_until(
-        "the fleet Ready at 1 replica",
-        Duration::from_secs(120),
-        || async {
-            let md = mds.get("fleet").await.ok()?;
-            let ready = md
-                .status
-                .as_ref()?
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            ready.then_some(md)
-        },
-    )
-    .await;
-    let before = serde_json::to_value(ready_one.status.unwrap()).unwrap();
+    let before = ready_at_one(&mds).await;
 
     // Scale 1 → 3; once the operator acted on it, kill its leader and restart the API server.
     let from = audit_offset();
@@ -205,33 +190,7 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
         },
     )
     .await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), OPERATOR_NS);
-    let leader = leases
-        .get("modelfleet-operator")
-        .await
-        .unwrap()
-        .spec
-        .and_then(|s| s.holder_identity)
-        .unwrap();
-    kubectl_ok(
-        &[
-            "delete",
-            "pod",
-            "-n",
-            OPERATOR_NS,
-            &leader,
-            "--grace-period=0",
-            "--force",
-        ],
-        None,
-    );
-    let down = Instant::now();
-    cluster_script(&["restart", "kube-apiserver"]);
-    eprintln!(
-        "[chaos] killed the leader {leader} at {:?} into the scale-up; the API server was back {:?} later",
-        down - t0,
-        down.elapsed()
-    );
+    kill_the_leader_and_restart_the_apiserver(&client, t0).await;
 
     // Converges: Ready, 3 ready replicas, one Deployment, one ReplicaSet.
     let client = common::client().await;
@@ -276,11 +235,81 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
     // Status writes and condition transitions, from the audit log.
     let during = status_writes(&ns.name, "fleet", from, converged);
     let steady = status_writes(&ns.name, "fleet", converged, after);
-    let changes = transitions(&before, &during);
-    let later = transitions(during.last().unwrap_or(&before), &steady);
+    eprintln!("[chaos] converged {took:?} after the scale request");
+    check_status_writes(&before, &during, &steady);
+    kubectl_ok(
+        &[
+            "delete",
+            "-n",
+            &ns.name,
+            "md/fleet",
+            "--wait=true",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    eprintln!("[chaos] scenario took {:?}", started.elapsed());
+}
+
+/// Waits for `fleet` Ready at 1 replica; its status then.
+async fn ready_at_one(mds: &Api<ModelDeployment>) -> Value {
+    let ready_one = wait_until(
+        "the fleet Ready at 1 replica",
+        Duration::from_secs(120),
+        || async {
+            let md = mds.get("fleet").await.ok()?;
+            let ready = md
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ready.then_some(md)
+        },
+    )
+    .await;
+    serde_json::to_value(ready_one.status.unwrap()).unwrap()
+}
+
+/// Kills the operator's leader and restarts the API server (`t0`: the scale request).
+async fn kill_the_leader_and_restart_the_apiserver(client: &kube::Client, t0: Instant) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), OPERATOR_NS);
+    let leader = leases
+        .get("modelfleet-operator")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap();
+    kubectl_ok(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            OPERATOR_NS,
+            &leader,
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    let down = Instant::now();
+    cluster_script(&["restart", "kube-apiserver"]);
     eprintln!(
-        "[chaos] converged {took:?} after the scale request; status writes: {} while converging, {} in the \
-         20 s after; condition status changes while converging: {changes:?}; after: {later:?}",
+        "[chaos] killed the leader {leader} at {:?} into the scale-up; the API server was back {:?} later",
+        down - t0,
+        down.elapsed()
+    );
+}
+
+/// The status writes from `before` while converging (`during`) and in the 20 s after (`steady`): a
+/// real change each while converging, none after.
+fn check_status_writes(before: &Value, during: &[Value], steady: &[Value]) {
+    let changes = transitions(before, during);
+    let later = transitions(during.last().unwrap_or(before), steady);
+    eprintln!(
+        "[chaos] status writes: {} while converging, {} in the 20 s after; condition status changes \
+         while converging: {changes:?}; after: {later:?}",
         during.len(),
         steady.len()
     );
@@ -304,18 +333,6 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
         steady.is_empty(),
         "status written {} times with no condition changing; what each write changed: {:#?}",
         steady.len(),
-        changed_fields(during.last().unwrap_or(&before), &steady)
+        changed_fields(during.last().unwrap_or(before), steady)
     );
-    kubectl_ok(
-        &[
-            "delete",
-            "-n",
-            &ns.name,
-            "md/fleet",
-            "--wait=true",
-            "--timeout=60s",
-        ],
-        None,
-    );
-    eprintln!("[chaos] scenario took {:?}", started.elapsed());
 }
