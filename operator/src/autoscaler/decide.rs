@@ -18,9 +18,9 @@
 //!
 //! And so is their scale-down hold ([`down_hold`]): where every target in force is an objective, the
 //! arrival rate is not rising and the fleet has not scaled up for a whole window, the model's smaller
-//! count must hold for the lead time (the time a scale-up takes to serve, so a wrong step down is undone within it), not for the
-//! whole window. The window still bounds flapping: a scale-down within a window of a scale-up waits it
-//! out, so at most one rise and fall per window, as before.
+//! count must hold for the lead time (the time a scale-up takes to serve, so a wrong step down is
+//! undone within it), not for the whole window. The window still bounds flapping: a scale-down within
+//! a window of a scale-up waits it out, so at most one rise and fall per window, as before.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -174,9 +174,9 @@ fn objectives_up(
 
 /// The scale-down hold in force, seconds: the spec's `window`, or the lead time (at most the window)
 /// where every target in force is an objective, the model sized this pass on an arrival rate that is
-/// not rising (`sample.lead`) and the last whole window held no scale-up ([`DownWindow::calm`]). The model's own hysteresis (down only at a 25% margin, up
-/// at 10%) is what keeps noise from stepping down; the lead time is how long a wrong step takes to
-/// undo.
+/// not rising (`sample.lead`) and the last whole window held no scale-up ([`DownWindow::calm`]). The
+/// model's own hysteresis (down only at a 25% margin, up at 10%) is what keeps noise from stepping
+/// down; the lead time is how long a wrong step takes to undo.
 pub fn down_hold(spec: &AutoscalingSpec, sample: &Sample, down: &DownWindow, now: i64, window: i64) -> i64 {
     let objectives_only =
         spec.objectives.is_some() && spec.queue_target().is_none() && spec.kv_target().is_none();
