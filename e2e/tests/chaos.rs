@@ -213,24 +213,7 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
     tokio::time::sleep(Duration::from_secs(20)).await;
     let after = audit_offset();
 
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
-    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns.name);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    assert_eq!(
-        deployments
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        1
-    );
-    let rs = sets.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(rs.len(), 1, "one ReplicaSet: the pod template never changed");
-    let ready = pods.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(ready.iter().filter(|p| is_ready(p)).count(), 3);
-    let md = mds.get("fleet").await.unwrap();
-    assert!(md_ready(&md), "still converged 20 s later");
+    check_still_converged(&client, &ns.name, &mds).await;
 
     // Status writes and condition transitions, from the audit log.
     let during = status_writes(&ns.name, "fleet", from, converged);
@@ -249,6 +232,28 @@ async fn a_scaling_fleet_converges_through_a_leader_kill_and_an_apiserver_restar
         None,
     );
     eprintln!("[chaos] scenario took {:?}", started.elapsed());
+}
+
+/// One Deployment, one ReplicaSet (the pod template never changed), 3 ready pods, `fleet` Ready.
+async fn check_still_converged(client: &kube::Client, ns: &str, mds: &Api<ModelDeployment>) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    assert_eq!(
+        deployments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    let rs = sets.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(rs.len(), 1, "one ReplicaSet: the pod template never changed");
+    let ready = pods.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(ready.iter().filter(|p| is_ready(p)).count(), 3);
+    let md = mds.get("fleet").await.unwrap();
+    assert!(md_ready(&md), "still converged 20 s later");
 }
 
 /// Waits for `fleet` Ready at 1 replica; its status then.
