@@ -62,7 +62,9 @@ dist() {
   # name this machine's cargo home and target directory: remapped to fixed names, so the binaries do not
   # depend on where they are built. The workspace's own sources reach rustc as paths relative to the
   # checkout, so the checkout's path is not embedded, and these flags do not depend on it: clones sharing
-  # one CARGO_TARGET_DIR share its cache (a change of RUSTFLAGS rebuilds every crate).
+  # one CARGO_TARGET_DIR share its cache (a change of RUSTFLAGS rebuilds every crate). RUSTFLAGS from the
+  # environment are kept (and are an input); like any RUSTFLAGS, these make cargo ignore a config file's
+  # build.rustflags.
   local remap
   remap="--remap-path-prefix=$(abs "${CARGO_HOME:-$HOME/.cargo}")=/cargo"
   remap+=" --remap-path-prefix=$(abs "$TARGET_DIR")=/target"
