@@ -18,83 +18,6 @@ use modelfleet_crds::ModelDeployment;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-fn md_yaml(name: &str, served: &str, model: &str, replicas: i32) -> String {
-    format!(
-        "apiVersion: modelfleet.io/v1alpha1\nkind: ModelDeployment\nmetadata:\n  name: {name}\nspec:\n  model:\n    \
-         servedName: {served}\n{model}  runtime:\n    threads: 1\n  replicas: {replicas}\n  autoscaling:\n    \
-         mode: Disabled\n"
-    )
-}
-
-/// `spec.model` lines (indented for [`md_yaml`]) for an oci:// artifact.
-fn oci_model(p: &Packaged, image_volume: bool) -> String {
-    let delivery = if image_volume {
-        "    delivery: ImageVolume\n"
-    } else {
-        ""
-    };
-    format!(
-        "    uri: {}\n    digest: \"{}\"\n{delivery}    oci:\n      plainHTTP: true\n",
-        p.uri, p.digest
-    )
-}
-
-async fn wait_ready(
-    mds: &Api<ModelDeployment>,
-    name: &str,
-    replicas: i32,
-    timeout: Duration,
-) -> ModelDeployment {
-    wait_until(
-        &format!("{name} Ready with {replicas} replicas"),
-        timeout,
-        || async {
-            let md = mds.get(name).await.ok()?;
-            let ready = md.status.as_ref()?.ready_replicas;
-            (condition(&md, "Ready") == Some(("True".into(), "Ready".into())) && ready == replicas)
-                .then_some(md)
-        },
-    )
-    .await
-}
-
-/// A chat completion through the gateway answers 200 (retried while the gateway learns of the model).
-async fn serves(served: &str) {
-    let client = gateway(Duration::from_secs(60));
-    wait_until(
-        &format!("{served} to answer through the gateway"),
-        Duration::from_secs(60),
-        || async {
-            match chat(&client, None, served, "hello", 4).await {
-                Ok((200, _, _)) => Some(()),
-                _ => None,
-            }
-        },
-    )
-    .await;
-}
-
-/// The `PodStarted` Events of a ModelDeployment (the operator's report of each pod's start).
-fn started_events(ns: &str, name: &str) -> Vec<String> {
-    let out = kubectl_ok(
-        &[
-            "get",
-            "events",
-            "-n",
-            ns,
-            "--field-selector",
-            &format!("involvedObject.name={name},reason=PodStarted"),
-            "-o",
-            "jsonpath={range .items[*]}{.note}{.message}{\"\\n\"}{end}",
-        ],
-        None,
-    );
-    out.lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
 #[tokio::test]
 #[ignore = "needs the local cluster: make e2e"]
 async fn every_source_serves_through_the_gateway() {
@@ -251,20 +174,6 @@ async fn a_bad_digest_or_signature_leaves_the_old_revision_serving() {
     .await;
     assert_eq!(md.status.unwrap().ready_replicas, 1);
     serves(&served).await;
-}
-
-/// Seconds from a pod's creation to its Ready transition.
-fn start_seconds(p: &Pod) -> f64 {
-    let created = p.metadata.creation_timestamp.as_ref().unwrap().0;
-    let ready = p
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
-        .and_then(|c| c.last_transition_time.as_ref())
-        .unwrap()
-        .0;
-    (ready.as_millisecond() - created.as_millisecond()) as f64 / 1000.0
 }
 
 #[tokio::test]
