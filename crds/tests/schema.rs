@@ -53,6 +53,7 @@ fn model_deployment_names_and_subresources() {
             "Weight",
             "Step",
             "Cost/Mtok",
+            "Starting",
             "Age"
         ]
     );

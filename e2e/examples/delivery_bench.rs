@@ -6,8 +6,9 @@
 //!
 //! ```sh
 //! eval "$(e2e/cluster env)"      # a cluster with the chart installed (make up, or a kept e2e cluster)
-//! cargo run --release -p modelfleet-e2e --example delivery_bench -- scale-out     # ~1.3 GB (q8_0 GGUF)
-//! cargo run --release -p modelfleet-e2e --example delivery_bench -- ready         # ~4.9 GB (f32 safetensors)
+//! bench/delivery.sh scale-out     # ~1.3 GB (q8_0 GGUF), or:
+//! e2e/cluster exec -- cargo run --workspace --example delivery_bench -- scale-out
+//! bench/delivery.sh ready         # ~4.9 GB (f32 safetensors)
 //! ```
 //! Run inside the cluster's network (`e2e/cluster exec --`): the S3 server is reached at its ClusterIP.
 

@@ -8,7 +8,12 @@ use kube::api::{Api, ListParams};
 use modelfleet_crds::ModelDeployment;
 use serde_json::{Value, json};
 
+/// The workspace's debug `modelfleet-runtime`, or `$MF_RUNTIME_BIN` (the benchmarks use the release
+/// binary in dist/ to generate and package models of real size).
 pub fn runtime_bin() -> PathBuf {
+    if let Ok(bin) = std::env::var("MF_RUNTIME_BIN") {
+        return PathBuf::from(bin);
+    }
     std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or(repo_root().join("target"))
