@@ -123,7 +123,7 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
         (
             "uri scheme",
             model_deployment("bad-uri", "", DIGEST).replace("file:///models/tiny", "ftp://x/y"),
-            "should match '^(file|https?|hf)://.+$'",
+            "should match '^(file|https?|hf|oci|s3|pvc)://.+$'",
         ),
         (
             "minReplicas > maxReplicas (CEL)",
@@ -262,6 +262,7 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
         "QUEUE",
         "KV %",
         "COST/MTOK",
+        "STARTING",
         "AGE",
     ] {
         assert!(header.contains(column), "missing column {column} in {header}");
