@@ -15,7 +15,9 @@ i sends prompt i modulo the list), `--chat` (POST /v1/chat/completions with the 
 message), `--eos` (do not ignore EOS: requests end where the model ends them) and `--no-stream` (one JSON
 answer per request; tokens are counted from each answer's `usage.completion_tokens`, which both servers
 report, so tokens/s is exact even when lengths differ; `--save-texts FILE` then writes each answer's
-text, by stream and request, so two configurations' greedy outputs can be compared).
+text, by stream and request, so two configurations' greedy outputs can be compared). `--temperature T
+--seed S` samples instead of greedy decoding, request i of stream s seeded with S + 1000 s + i (a
+seeded request's text is reproducible, with or without n-gram speculation).
 """
 
 import argparse
@@ -28,8 +30,10 @@ from urllib.parse import urlparse
 
 async def one_request(host, port, model, prompt, max_tokens, opts=None):
     opts = opts or {}
-    req = {"model": model, "max_tokens": max_tokens, "temperature": 0,
+    req = {"model": model, "max_tokens": max_tokens, "temperature": opts.get("temperature", 0),
            "stream": not opts.get("no_stream")}
+    if opts.get("seed") is not None:
+        req["seed"] = opts["seed"]
     if not opts.get("eos"):
         req["ignore_eos"] = True
     if opts.get("chat"):
@@ -87,6 +91,9 @@ async def one_request(host, port, model, prompt, max_tokens, opts=None):
 async def client(url, model, prompt, max_tokens, requests, out, opts=None, texts=None, stream=0):
     u = urlparse(url)
     for i in range(requests):
+        if opts and opts.get("seed") is not None:
+            # A seed of its own for each request, the same in every run.
+            opts = {**opts, "seed": opts["base_seed"] + 1000 * stream + i}
         t0, stamps, n, text = await one_request(u.hostname, u.port, model, prompt, max_tokens, opts)
         out.append((t0, stamps, n))
         if texts is not None:
@@ -129,8 +136,11 @@ async def main():
     ap.add_argument("--eos", action="store_true", help="do not ignore EOS")
     ap.add_argument("--no-stream", action="store_true", help="count tokens from usage")
     ap.add_argument("--save-texts", help="with --no-stream: write each answer's text here (JSON)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    ap.add_argument("--seed", type=int, help="seed request i of stream s with SEED + 1000 s + i")
     args = ap.parse_args()
-    opts = {"chat": args.chat, "eos": args.eos, "no_stream": args.no_stream}
+    opts = {"chat": args.chat, "eos": args.eos, "no_stream": args.no_stream,
+            "temperature": args.temperature, "seed": args.seed, "base_seed": args.seed}
     prompts = json.load(open(args.prompts)) if args.prompts else None
 
     def prompt(i):

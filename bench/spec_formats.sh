@@ -7,13 +7,17 @@
 #
 #   bench/spec_formats.sh                          # FORMATS="f16 q8_0 q4_1 q4_k_m" STREAMS="1 4" REPS=3
 #   FORMATS=q4_1 STREAMS=1 REPS=5 SERVER_BIN=… bench/spec_formats.sh
+#   STORY_STREAMS=1 bench/spec_formats.sh            # the story workloads at 1 stream only
 #
 # Workloads: `edit` (bench/spec_decode.sh's: a ~500-token source file and "rewrite it with one
 # identifier renamed", greedy, EOS ends it, up to 700 tokens) and `stories` (open-ended stories,
-# greedy, 256 tokens, EOS ignored: nothing to look up, the control where speculation must get out of
-# the way). Each (format, workload, streams) runs speculation off and on in ABBA order over REPS reps,
+# greedy, 256 tokens, EOS ignored: nothing in the prompt to look up, though a small model's greedy
+# stories repeat themselves and the lookup finds those) and `sampled` (the same stories sampled at
+# temperature 1 with a seed per request: few drafts match — the control where speculation must get
+# out of the way; a seeded request's text is the same with speculation on and off). STORY_STREAMS
+# (default STREAMS) sets the streams of the two story workloads. Each (format, workload, streams) runs speculation off and on in ABBA order over REPS reps,
 # a fresh server per run; the ratio is per rep (on ÷ off of the same rep), reported per rep and as
-# median (min–max). Every run's answers are saved and compared: greedy text must be identical on and off.
+# median (min–max). Every run's answers are saved and compared: the text must be identical on and off.
 # From each run's /metrics: acceptance, the step-cost gate's decisions (draft tokens on offer, kept)
 # and what a plain decode step and a verification step cost (`modelfleet_engine_{decode,verify}_*`).
 # JSON lines in $RAW; bench/spec_formats_summary.py prints the tables (and can be run again on $RAW).
@@ -22,7 +26,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 THREADS="${THREADS:-2}" REPS="${REPS:-3}" FORMATS="${FORMATS:-f16 q8_0 q4_1 q4_k_m}"
-STREAMS="${STREAMS:-1 4}" WORKLOADS="${WORKLOADS:-edit stories}"
+STREAMS="${STREAMS:-1 4}" STORY_STREAMS="${STORY_STREAMS:-$STREAMS}" WORKLOADS="${WORKLOADS:-edit stories sampled}"
 K="${K:-4}" LOOKUP_MIN="${LOOKUP_MIN:-2}" LOOKUP_MAX="${LOOKUP_MAX:-5}"
 TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
 MODELS="${MODELFLEET_BENCH_MODELS:-$HOME/.cache/modelfleet/bench-models}"
@@ -112,6 +116,8 @@ run() {
   case $workload in
     edit) args=(--prompts "$WORK/edit.json" --chat --eos --no-stream --max-tokens 700 --requests 1) ;;
     stories) args=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256 --requests 1) ;;
+    sampled) args=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256 --requests 1
+                   --temperature 1.0 --seed 1) ;;
   esac
   if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
     echo "port $PORT already answers: stop that server first" >&2; exit 1
@@ -139,7 +145,8 @@ run() {
   for rep in $(seq 1 "$REPS"); do
     for fmt in $FORMATS; do
       for workload in $WORKLOADS; do
-        for n in $STREAMS; do
+        streams="$STREAMS"; [[ $workload == edit ]] || streams="$STORY_STREAMS"
+        for n in $streams; do
           if (( rep % 2 )); then run "$fmt" off "$workload" "$n" "$rep"; run "$fmt" ngram "$workload" "$n" "$rep"
           else run "$fmt" ngram "$workload" "$n" "$rep"; run "$fmt" off "$workload" "$n" "$rep"; fi
         done

@@ -40,7 +40,7 @@ def main(path):
     keys = sorted(groups, key=lambda k: (order.get(k[0], 9), k[0], k[1], k[2]))
 
     print("| format | workload | streams | off tok/s | n-gram tok/s | × off per rep | × off, median (min–max) "
-          "| acceptance | gate kept / on offer | same greedy text |")
+          "| acceptance | gate kept / on offer | same text on and off |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for key in keys:
         off, on = groups[key].get("off", {}), groups[key].get("ngram", {})
