@@ -177,7 +177,10 @@ fn print_table(rows: &[usize], (times, ratios): &Timings) {
             (String::from("—"), String::from("—"))
         } else {
             let r = &ratios[i];
-            (spread(r, 1.0), format!("{:.2}", n as f64 / median(&mut r.clone())))
+            (
+                spread(r, 1.0),
+                format!("{:.2}", n as f64 / median(&mut r.clone())),
+            )
         };
         println!("| {n} | {} | {ratio} | {best} |", spread(&times[i], 1e3));
     }
