@@ -7,8 +7,13 @@
 #     runtime 120 MB, uncompressed);
 #   - it runs: unpacked (umoci) and started by runc as that user, with a read-only root file system
 #     and no capabilities — `--version` prints the version and revision, and the runtime's `digest` of a
-#     small file mounted read-only matches the digest the same binary computes on the host.
-# Prints one line per image: its size and what passed.
+#     small file mounted read-only matches the digest the same binary computes on the host;
+#   - reproducible: the images built a second time from the same dist/ (`images/build.sh images-only`:
+#     fresh rootfs trees, from Debian's packages fetched anew, into a fresh, separate buildah store) are
+#     the same, byte for byte — the same manifest digest in the store, and the same digest pushed
+#     (`images/build.sh layout`: the manifest and gzip-compressed layers `make push` pins, each layer
+#     compressed anew). On a difference it prints what differs: the config, and each layer's files.
+# Prints one line per image: its size and what passed; then one per image: its digests in both builds.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -93,3 +98,79 @@ PY
   fi
   echo "[check] modelfleet/$p:$VERSION: $mb MB uncompressed (target ${LIMIT_MB[$p]} MB), user 65532:65532, labels, no shell; ran under runc read-only: '$out'$extra"
 done
+
+# Reproducible: the second build, into a store and rootfs trees of its own (docs/install.md,
+# "Reproducible images"). The binaries are the same dist/ — no second cargo build.
+second="$work/second"
+second_storage="containers-storage:[vfs@$second/containers/storage+$second/containers/run]"
+started=$SECONDS
+MODELFLEET_IMAGE_STORE="$second/containers" MODELFLEET_BUILD_DIR="$second/build" \
+  bash images/build.sh images-only > "$work/second.log" 2>&1 || {
+  cat "$work/second.log" >&2
+  fail "the second build did not run"
+}
+bash images/build.sh layout "$work/layout1" > "$work/pushed1"
+MODELFLEET_IMAGE_STORE="$second/containers" bash images/build.sh layout "$work/layout2" > "$work/pushed2"
+
+# What differs between the two builds of image $1: the configs, then every file that is not the same
+# in both layers (type, mode, owner, size, time, link, content), with both contents if short text.
+explain() {
+  local p=$1 ref="localhost/modelfleet/$1:$VERSION"
+  skopeo inspect --config "$storage$ref" | python3 -m json.tool > "$work/$p.config1"
+  skopeo inspect --config "$second_storage$ref" | python3 -m json.tool > "$work/$p.config2"
+  diff "$work/$p.config1" "$work/$p.config2" >&2 || true
+  python3 - "$p" "$work/layout1" "$work/layout2" <<'PY' >&2
+import hashlib, json, sys, tarfile
+p, *layouts = sys.argv[1:]
+def blob(layout, digest):
+    return f"{layout}/blobs/{digest.replace(':', '/')}"
+def layers(layout):
+    index = json.load(open(f"{layout}/index.json"))
+    m = next(m for m in index["manifests"] if m["annotations"]["org.opencontainers.image.ref.name"] == p)
+    return [l["digest"] for l in json.load(open(blob(layout, m["digest"])))["layers"]]
+def entries(layout, digest):
+    out = {}
+    with tarfile.open(blob(layout, digest)) as t:
+        for m in t:
+            data = t.extractfile(m).read() if m.isfile() else b""
+            out[m.name] = (dict(type=m.type, mode=oct(m.mode), owner=f"{m.uid}:{m.gid}", size=m.size,
+                                mtime=m.mtime, link=m.linkname,
+                                content=hashlib.sha256(data).hexdigest()[:16]), data)
+    return out
+absent = (dict(present=False), b"")
+for i, (a, b) in enumerate(zip(*map(layers, layouts))):
+    if a == b:
+        continue
+    ea, eb = entries(layouts[0], a), entries(layouts[1], b)
+    diffs = [n for n in sorted(set(ea) | set(eb)) if ea.get(n, absent)[0] != eb.get(n, absent)[0]]
+    print(f"{p}: layer {i} differs ({a} / {b}): {len(diffs)} of its files")
+    for n in diffs[:20]:
+        (fa, da), (fb, db) = ea.get(n, absent), eb.get(n, absent)
+        keys = [k for k in dict.fromkeys([*fa, *fb]) if fa.get(k) != fb.get(k)]
+        print(f"  /{n}: " + ", ".join(f"{k} {fa.get(k)} / {fb.get(k)}" for k in keys))
+        if "content" in keys and all(d and len(d) < 2000 and d.isascii() for d in (da, db)):
+            for label, d in (("first", da), ("second", db)):
+                print(f"    {label}: | " + d.decode().rstrip().replace("\n", "\n           | "))
+    if len(diffs) > 20:
+        print(f"  … and {len(diffs) - 20} more")
+PY
+}
+
+differ=()
+for p in operator gateway runtime store; do
+  ref="localhost/modelfleet/$p:$VERSION"
+  first=$(skopeo inspect --format '{{.Digest}}' "$storage$ref")
+  again=$(skopeo inspect --format '{{.Digest}}' "$second_storage$ref")
+  pushed=$(awk -v p="$p" '$1 == p { print $2 }' "$work/pushed1")
+  pushed_again=$(awk -v p="$p" '$1 == p { print $2 }' "$work/pushed2")
+  [ -n "$pushed" ] && [ -n "$pushed_again" ] || fail "$p: no pushed digest"
+  if [ "$first" = "$again" ] && [ "$pushed" = "$pushed_again" ]; then
+    echo "[check] modelfleet/$p:$VERSION reproducible: built twice, $first in both stores, pushed as $pushed in both"
+  else
+    echo "[check] modelfleet/$p:$VERSION: first build $first (pushed $pushed), second $again (pushed $pushed_again)" >&2
+    explain "$p"
+    differ+=("$p")
+  fi
+done
+[ ${#differ[@]} -eq 0 ] || fail "not reproducible: ${differ[*]} differ between two builds of the same dist/ (above: what)"
+echo "[check] reproducibility: the second build and both pushes took $((SECONDS - started)) s"

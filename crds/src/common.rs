@@ -6,8 +6,15 @@ use serde::{Deserialize, Serialize};
 /// The canonical content digest: `sha256:` followed by 64 lower-case hex digits (see docs/design.md).
 pub const DIGEST_PATTERN: &str = "^sha256:[0-9a-f]{64}$";
 
-/// URI schemes an artifact may come from: a local path, HTTP(S), or a Hugging Face repository at a revision.
+/// URI schemes an adapter may come from: a local path, HTTP(S), or a Hugging Face repository at a revision.
 pub const URI_PATTERN: &str = "^(file|https?|hf)://.+$";
+
+/// URI schemes a model may come from: those of [`URI_PATTERN`], an OCI registry (`oci://`), an S3
+/// bucket (`s3://`) or a PersistentVolumeClaim (`pvc://`).
+pub const MODEL_URI_PATTERN: &str = "^(file|https?|hf|oci|s3|pvc)://.+$";
+
+/// URI schemes a speculative draft model may come from: every fetched one (not `pvc://`).
+pub const DRAFT_URI_PATTERN: &str = "^(file|https?|hf|oci|s3)://.+$";
 
 /// A served model or adapter name as clients put it in `model`: what OpenAI-style clients accept,
 /// without whitespace or characters that need escaping in URLs and metric labels.
@@ -38,6 +45,8 @@ pub mod condition_types {
     pub const GPU_UNUSED: &str = "GPUUnused";
     /// ModelDeployment: another deployment behind the same gateway claims one of its served names.
     pub const SERVED_NAME_CONFLICT: &str = "ServedNameConflict";
+    /// ModelDeployment: `False` with the scheduler's message while a runtime pod cannot be placed.
+    pub const SCHEDULABLE: &str = "Schedulable";
     /// LoraAdapter: the adapter's bytes matched its digest and it fits the base model.
     pub const VERIFIED: &str = "Verified";
     /// ModelDeployment with a canary rollout: `True` while stable or progressing, `False` with reason

@@ -23,8 +23,10 @@ pub mod autoscaling;
 pub mod common;
 pub mod lora_adapter;
 pub mod model_deployment;
+pub mod model_source;
 pub mod pods;
 pub mod rollout;
+pub mod starting;
 
 pub use common::{DIGEST_PATTERN, condition_types};
 pub use lora_adapter::{LoraAdapter, LoraAdapterSpec, LoraAdapterStatus};

@@ -6,7 +6,10 @@
 //! `status.selector` so `kubectl scale`, HPA and KEDA can drive a deployment in `External` mode.
 
 pub use crate::autoscaling::{Objectives, ObjectivesStatus, ScheduleWindow};
-use crate::common::{DIGEST_PATTERN, SERVED_NAME_PATTERN, SecretKeyRef, URI_PATTERN};
+use crate::common::{DIGEST_PATTERN, SecretKeyRef};
+pub use crate::model_source::{
+    Delivery, ModelSource, ObjectRef, OciSettings, PublicKeyRef, S3Settings, VerifySpec,
+};
 pub use crate::rollout::{RolloutSpec, RolloutStatus};
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -42,6 +45,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Weight", type_ = "integer", json_path = ".status.rollout.weight"),
     printcolumn(name = "Step", type_ = "integer", json_path = ".status.rollout.step"),
     printcolumn(name = "Cost/Mtok", type_ = "string", json_path = ".status.capacity.costPerMillionOutputTokens.observed"),
+    printcolumn(name = "Starting", type_ = "string", json_path = ".status.startingSummary"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new(
         "!has(self.spec.autoscaling) || self.spec.autoscaling.mode != 'Builtin' || !has(self.spec.replicas)"
@@ -112,23 +116,6 @@ pub struct CostSpec {
     #[serde(default = "default_cost_window")]
     #[schemars(range(min = 60, max = 86400))]
     pub window_seconds: i32,
-}
-
-/// A model artifact pinned by content digest.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct ModelSource {
-    /// `file:///path`, `http(s)://…`, or `hf://org/repo@revision`. A Hugging Face model directory, a
-    /// single `.gguf` file, or a directory holding exactly one `.gguf` file.
-    #[schemars(length(min = 1, max = 2048), regex(pattern = URI_PATTERN))]
-    pub uri: String,
-    /// Canonical content digest the fetched bytes must match: `sha256:<64 hex>` (see the user guide).
-    #[schemars(regex(pattern = DIGEST_PATTERN))]
-    pub digest: String,
-    /// The name clients put in `model`. Defaults to the ModelDeployment's name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = SERVED_NAME_PATTERN))]
-    pub served_name: Option<String>,
 }
 
 /// Runtime pod settings. Every field is optional; the runtime's defaults apply.
@@ -304,8 +291,9 @@ pub struct SpeculativeConfigSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct DraftModelSource {
-    /// `file:///path`, `http(s)://…`, or `hf://org/repo@revision`.
-    #[schemars(length(min = 1, max = 2048), regex(pattern = URI_PATTERN))]
+    /// `file:///path`, `http(s)://…`, `hf://org/repo@revision`, `oci://…@sha256:…` (fetched) or
+    /// `s3://bucket/prefix` (with the model's `s3` settings and credentials).
+    #[schemars(length(min = 1, max = 2048), regex(pattern = crate::common::DRAFT_URI_PATTERN))]
     pub uri: String,
     /// Canonical content digest the fetched bytes must match: `sha256:<64 hex>`.
     #[schemars(regex(pattern = DIGEST_PATTERN))]
@@ -490,6 +478,14 @@ pub struct ModelDeploymentStatus {
     /// The revisions serving and the canary rollout's state and figures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
+    /// Pods starting now (at most 16): their phase — scheduling, pulling, checking, loading the model —
+    /// and, while bytes move, progress, rate and ETA.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub starting: Vec<crate::starting::PodStart>,
+    /// The starting pods in one line (the `Starting` column), e.g. `1 Pull 1.2/4.0 GB 45 MB/s ETA 54s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starting_summary: Option<String>,
 }
 
 /// Throughput and cost as measured from the replicas' output-token counters over a window.

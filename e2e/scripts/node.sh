@@ -104,13 +104,18 @@ push_pause_image() {
 
 write_containerd_config() {
   local d="$S/containerd"
-  mkdir -p "$d/root" "$d/state" "$d/certs.d/127.0.0.1:$REGISTRY_PORT" "$S/cni/net.d" "$S/cni/ipam"
-  cat > "$d/certs.d/127.0.0.1:$REGISTRY_PORT/hosts.toml" <<HT
-# The cluster's own registry, over plain HTTP on the namespace's loopback.
-server = "http://127.0.0.1:$REGISTRY_PORT"
-[host."http://127.0.0.1:$REGISTRY_PORT"]
+  mkdir -p "$d/root" "$d/state" "$S/cni/net.d" "$S/cni/ipam"
+  # The cluster's own registry, over plain HTTP: on the namespace's loopback (our images), and at the
+  # node's address (what pods reach it at: model artifacts and model images name it so).
+  local host
+  for host in "127.0.0.1:$REGISTRY_PORT" "$NODE_IP:$REGISTRY_PORT"; do
+    mkdir -p "$d/certs.d/$host"
+    cat > "$d/certs.d/$host/hosts.toml" <<HT
+server = "http://$host"
+[host."http://$host"]
   capabilities = ["pull", "resolve"]
 HT
+  done
   cat > "$d/config.toml" <<CT
 version = 3
 root = "$d/root"

@@ -58,3 +58,4 @@ except m.PackageNotFoundError:
 PY
 
 bash e2e/scripts/build-k8s.sh all
+bash e2e/scripts/build-tools.sh all

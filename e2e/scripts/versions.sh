@@ -11,3 +11,8 @@ CONTAINERD_VERSION=v2.4.2
 MF_CACHE=${MODELFLEET_CACHE:-$HOME/.cache/modelfleet}
 MF_K8S_BIN="$MF_CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-prometheus-$PROMETHEUS_VERSION-helm-$HELM_VERSION/bin"
 MF_NODE_BIN="$MF_CACHE/node-containerd-$CONTAINERD_VERSION/bin"
+# Peers the delivery scenarios use (e2e/scripts/build-tools.sh): an S3 server (versitygw, Apache-2.0;
+# checks SigV4) run as a pod in the cluster, and cosign (signs model artifacts offline).
+VERSITYGW_VERSION=v1.8.0
+COSIGN_VERSION=v2.6.5
+MF_TOOLS_BIN="$MF_CACHE/tools-versitygw-$VERSITYGW_VERSION-cosign-$COSIGN_VERSION/bin"

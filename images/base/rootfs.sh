@@ -9,6 +9,10 @@
 #
 # The same files as gcr.io/distroless/cc-debian12, made without any registry; see docs/install.md.
 set -euo pipefail
+# The same tree from the same packages, whoever runs it: file modes not from the caller's umask, the
+# file order of every list from the C locale.
+umask 022
+export LC_ALL=C
 dest=${1:-"$(dirname "${BASH_SOURCE[0]}")/rootfs"}
 packages=(libc6 libgcc-s1 ca-certificates)
 
@@ -33,7 +37,12 @@ printf 'root:x:0:\nnonroot:x:65532:\n' > "$dest"/etc/group
 printf 'hosts: files dns\n' > "$dest"/etc/nsswitch.conf
 chmod 1777 "$dest"/tmp
 chown 65532:65532 "$dest"/home/nonroot
-# What went in, for the image's label and the record.
+# What went in (package and version, one a line): the record of which Debian packages this tree is.
 for deb in "$work"/*.deb; do
   printf '%s %s\n' "$(dpkg-deb -f "$deb" Package)" "$(dpkg-deb -f "$deb" Version)"
 done > "$dest"/.packages
+# SOURCE_DATE_EPOCH (images/build.sh sets it, to the commit's time): no file or directory newer than
+# that, so the tree's times are the same in every build (the packages' own files keep their older times).
+if [ -n "${SOURCE_DATE_EPOCH:-}" ]; then
+  find "$dest" -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+fi

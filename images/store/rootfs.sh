@@ -7,6 +7,10 @@
 # The gateway keeps tenants' request and token buckets, concurrency leases, spend and hourly usage
 # records in it (docs/gateway.md, "Tenant limits").
 set -euo pipefail
+# The same tree from the same packages, whoever runs it: file modes not from the caller's umask, the
+# file order of every list from the C locale.
+umask 022
+export LC_ALL=C
 dest=${1:-"$(dirname "${BASH_SOURCE[0]}")/rootfs"}
 packages=(redis-tools libatomic1 libjemalloc2 liblzf1 libssl3 libsystemd0 libstdc++6 libcap2 libgcrypt20
   liblzma5 libzstd1 liblz4-1 libgpg-error0)
@@ -35,3 +39,8 @@ chown 65532:65532 "$dest/data"
 for deb in "$work"/*.deb; do
   printf '%s %s\n' "$(dpkg-deb -f "$deb" Package)" "$(dpkg-deb -f "$deb" Version)"
 done > "$dest/.packages-store"
+# SOURCE_DATE_EPOCH (images/build.sh sets it, to the commit's time): no file or directory newer than
+# that, so the tree's times are the same in every build (the packages' own files keep their older times).
+if [ -n "${SOURCE_DATE_EPOCH:-}" ]; then
+  find "$dest" -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+fi

@@ -9,6 +9,9 @@ pub const APP_NAME: &str = "modelfleet-runtime";
 pub const MODEL_DEPLOYMENT_LABEL: &str = "modelfleet.io/model-deployment";
 /// Annotation on runtime pods carrying the digest they were created for.
 pub const DIGEST_ANNOTATION: &str = "modelfleet.io/model-digest";
+/// Annotation on runtime pods carrying a hash of the whole `spec.model` they were created for (source,
+/// digest, delivery, credentials, signature requirement): the fetch verdict of *this* model's pods.
+pub const SOURCE_ANNOTATION: &str = "modelfleet.io/model-source";
 /// The field manager of every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "modelfleet-operator";
 /// Name of the runtime's init container (its termination message carries the digest verdict).

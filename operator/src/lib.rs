@@ -34,6 +34,8 @@ pub mod pod_metrics;
 pub mod restarts;
 pub mod rollout;
 pub mod scope;
+pub mod started;
+pub mod starting;
 pub mod status;
 pub mod telemetry;
 #[cfg(test)]

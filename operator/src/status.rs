@@ -2,10 +2,10 @@
 //! pods, the referenced Secret, the autoscaler's verdict) and the previous status.
 //!
 //! Invariants: conditions follow kstatus (`Ready`, `Reconciling`, `Stalled`) plus `DigestVerified`,
-//! `ScalingActive`, `Degraded`, `RuntimeRestarts`, `ServedNameConflict`; a condition's `lastTransitionTime` changes only when its status does, so a
+//! `ScalingActive`, `Degraded`, `RuntimeRestarts`, `ServedNameConflict`, `Schedulable`; a condition's `lastTransitionTime` changes only when its status does, so a
 //! pass over an unchanged world produces a byte-identical status (no write, no event).
 
-use crate::labels::{DIGEST_ANNOTATION, FETCH_CONTAINER};
+use crate::labels::{DIGEST_ANNOTATION, FETCH_CONTAINER, SOURCE_ANNOTATION};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -43,6 +43,8 @@ pub struct Observed<'a> {
     pub generation: i64,
     /// `spec.model.digest`.
     pub digest: &'a str,
+    /// The hash of `spec.model` that pods made for it carry.
+    pub source: &'a str,
     /// Replicas the operator is driving towards.
     pub desired: i32,
     /// The runtime Deployment, if it exists.
@@ -62,6 +64,8 @@ pub struct Observed<'a> {
     pub now: Timestamp,
     /// GPUs `runtime.resources` reserves (`name: quantity`, e.g. `nvidia.com/gpu: 1`), if any.
     pub gpus_reserved: Option<String>,
+    /// The scheduler's message for a runtime pod it cannot place, if one waits.
+    pub unschedulable: Option<String>,
 }
 
 /// The GPU resources (`*/gpu`) a runtime's requests or limits name, as `name: quantity`, or `None`.
@@ -115,13 +119,18 @@ fn fetch_terminations(pod: &Pod) -> Vec<ContainerStateTerminated> {
         .collect()
 }
 
-/// Reads the digest verdict from the pods' init-container termination messages.
-pub fn digest_verdict(pods: &[Pod], digest: &str) -> DigestVerdict {
+/// Reads the digest verdict from the init-container termination messages of the pods made for the
+/// model as it is now (`source`: [`crate::builders::deployment::model_source_key`]; a pod an older
+/// operator made, without that annotation, counts when it was made for `digest`).
+pub fn digest_verdict(pods: &[Pod], digest: &str, source: &str) -> DigestVerdict {
     let current = pods.iter().filter(|p| {
         let annotations = p.metadata.annotations.as_ref();
-        annotations
-            .and_then(|a| a.get(DIGEST_ANNOTATION))
-            .is_some_and(|d| d == digest)
+        match annotations.and_then(|a| a.get(SOURCE_ANNOTATION)) {
+            Some(s) => s == source,
+            None => annotations
+                .and_then(|a| a.get(DIGEST_ANNOTATION))
+                .is_some_and(|d| d == digest),
+        }
     });
     let mut failure = None;
     for pod in current {
@@ -172,9 +181,14 @@ pub fn carry_transition_times(
     next
 }
 
-/// The conditions for `obs` (transition times still to be carried over).
-pub fn conditions(obs: &Observed) -> Vec<Condition> {
-    let g = obs.generation;
+/// What the runtime Deployment's status says about the rollout.
+struct Rollout {
+    ready: i32,
+    rolled_out: bool,
+    deadline_exceeded: bool,
+}
+
+fn rollout_of(obs: &Observed) -> Rollout {
     let dep_status = obs.deployment.and_then(|d| d.status.clone()).unwrap_or_default();
     let dep_generation = obs.deployment.and_then(|d| d.metadata.generation).unwrap_or(0);
     let ready = dep_status.ready_replicas.unwrap_or(0);
@@ -190,14 +204,20 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
             && c.status == "False"
             && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
     });
+    Rollout {
+        ready,
+        rolled_out,
+        deadline_exceeded,
+    }
+}
 
-    let verdict = digest_verdict(obs.pods, obs.digest);
-    let digest_condition = match &verdict {
+fn digest_condition(verdict: &DigestVerdict, digest: &str, g: i64) -> Condition {
+    match verdict {
         DigestVerdict::Verified => condition(
             DIGEST_VERIFIED,
             true,
             "Verified",
-            format!("model bytes match {}", obs.digest),
+            format!("model bytes match {digest}"),
             g,
         ),
         DigestVerdict::Failed(reason, message) => {
@@ -214,10 +234,12 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
             c.status = "Unknown".into();
             c
         }
-    };
+    }
+}
 
-    // Stalled: progress needs a user's action.
-    let stall: Option<(String, String)> = match (&obs.tenants, &verdict) {
+/// Stalled: progress needs a user's action (reason, message).
+fn stall_of(obs: &Observed, verdict: &DigestVerdict, r: &Rollout) -> Option<(String, String)> {
+    match (&obs.tenants, verdict) {
         _ if obs.conflict.is_some() => {
             Some(("NameConflict".into(), obs.conflict.clone().unwrap_or_default()))
         }
@@ -230,17 +252,19 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
             format!("tenants Secret {name:?} has no key {key:?}"),
         )),
         (_, DigestVerdict::Failed(reason, message)) => Some((reason.clone(), message.clone())),
-        _ if deadline_exceeded && !rolled_out => Some((
+        _ if r.deadline_exceeded && !r.rolled_out => Some((
             "ProgressDeadlineExceeded".into(),
             "the runtime Deployment made no progress within its deadline".into(),
         )),
         _ => None,
-    };
+    }
+}
 
-    let ready_message = format!("{ready}/{} replicas ready", obs.desired);
-    let ready_condition = if rolled_out && obs.desired > 0 {
-        condition(READY, true, "Ready", ready_message.clone(), g)
-    } else if rolled_out && stall.is_none() {
+fn ready_condition(obs: &Observed, r: &Rollout, stall: &Option<(String, String)>, g: i64) -> Condition {
+    let ready_message = format!("{}/{} replicas ready", r.ready, obs.desired);
+    if r.rolled_out && obs.desired > 0 {
+        condition(READY, true, "Ready", ready_message, g)
+    } else if r.rolled_out && stall.is_none() {
         // `minReplicas: 0` and idle: nothing to wait for; the gateway wakes it on the next request.
         condition(
             READY,
@@ -249,8 +273,8 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
             "0 replicas: scaled to zero; a request through the gateway scales it back up".into(),
             g,
         )
-    } else if let Some((reason, _)) = &stall {
-        condition(READY, false, reason, ready_message.clone(), g)
+    } else if let Some((reason, _)) = stall {
+        condition(READY, false, reason, ready_message, g)
     } else if obs.deployment.is_none() {
         condition(
             READY,
@@ -260,22 +284,56 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
             g,
         )
     } else {
-        condition(READY, false, "Progressing", ready_message.clone(), g)
-    };
+        condition(READY, false, "Progressing", ready_message, g)
+    }
+}
+
+fn gpu_condition(obs: &Observed, g: i64) -> Condition {
+    match &obs.gpus_reserved {
+        Some(gpus) => condition(
+            GPU_UNUSED,
+            true,
+            "CPUEngine",
+            format!(
+                "runtime.resources reserves {gpus}, but the engine runs on CPU only in this release: the GPU \
+                 is reserved on the node and unused (docs/install.md)"
+            ),
+            g,
+        ),
+        None => condition(GPU_UNUSED, false, "NoGPUReserved", String::new(), g),
+    }
+}
+
+/// `Schedulable`: `False` with the scheduler's message while a runtime pod cannot be placed (a taint,
+/// a selector, resources, a PersistentVolumeClaim that does not exist).
+fn schedulable_condition(obs: &Observed, g: i64) -> Condition {
+    match &obs.unschedulable {
+        Some(message) => condition(SCHEDULABLE, false, "Unschedulable", message.clone(), g),
+        None => condition(SCHEDULABLE, true, "Scheduled", String::new(), g),
+    }
+}
+
+/// The conditions for `obs` (transition times still to be carried over).
+pub fn conditions(obs: &Observed) -> Vec<Condition> {
+    let g = obs.generation;
+    let r = rollout_of(obs);
+    let verdict = digest_verdict(obs.pods, obs.digest, obs.source);
+    let stall = stall_of(obs, &verdict, &r);
+    let ready_condition = ready_condition(obs, &r, &stall, g);
     let is_ready = ready_condition.status == "True";
     let stalled_condition = match &stall {
         Some((reason, message)) if !is_ready => condition(STALLED, true, reason, message.clone(), g),
         _ => condition(STALLED, false, "NotStalled", String::new(), g),
     };
-    let reconciling = !is_ready && stall.is_none();
-    let reconciling_condition = if reconciling {
+    let ready_message = format!("{}/{} replicas ready", r.ready, obs.desired);
+    let reconciling_condition = if !is_ready && stall.is_none() {
         condition(RECONCILING, true, "Progressing", ready_message.clone(), g)
     } else {
         condition(RECONCILING, false, "Idle", String::new(), g)
     };
-    let degraded_condition = if ready > 0 && ready < obs.desired {
+    let degraded_condition = if r.ready > 0 && r.ready < obs.desired {
         condition(DEGRADED, true, "BelowDesired", ready_message, g)
-    } else if ready > 0 && stall.is_some() {
+    } else if r.ready > 0 && stall.is_some() {
         condition(
             DEGRADED,
             true,
@@ -294,21 +352,8 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
         g,
     );
     let restarts_condition = match crate::restarts::recent(obs.pods, obs.now) {
-        Some(r) => condition(RUNTIME_RESTARTS, true, "RecentRestarts", r.message(), g),
+        Some(rs) => condition(RUNTIME_RESTARTS, true, "RecentRestarts", rs.message(), g),
         None => condition(RUNTIME_RESTARTS, false, "NoRecentRestarts", String::new(), g),
-    };
-    let gpu_condition = match &obs.gpus_reserved {
-        Some(gpus) => condition(
-            GPU_UNUSED,
-            true,
-            "CPUEngine",
-            format!(
-                "runtime.resources reserves {gpus}, but the engine runs on CPU only in this release: the GPU \
-                 is reserved on the node and unused (docs/install.md)"
-            ),
-            g,
-        ),
-        None => condition(GPU_UNUSED, false, "NoGPUReserved", String::new(), g),
     };
     let conflict_condition = match &obs.served_name_conflict {
         Some(message) => condition(
@@ -324,12 +369,13 @@ pub fn conditions(obs: &Observed) -> Vec<Condition> {
         ready_condition,
         reconciling_condition,
         stalled_condition,
-        digest_condition,
+        digest_condition(&verdict, obs.digest, g),
         scaling_condition,
         degraded_condition,
         restarts_condition,
-        gpu_condition,
+        gpu_condition(obs, g),
         conflict_condition,
+        schedulable_condition(obs, g),
     ]
 }
 
@@ -385,6 +431,7 @@ mod tests {
         Observed {
             generation: 3,
             digest: D,
+            source: "src-now",
             desired,
             deployment: dep,
             pods,
@@ -398,6 +445,7 @@ mod tests {
             served_name_conflict: None,
             now: Timestamp::UNIX_EPOCH,
             gpus_reserved: None,
+            unschedulable: None,
         }
     }
 
@@ -461,8 +509,33 @@ mod tests {
             ),
         ];
         for (pods, expected) in cases {
-            assert_eq!(digest_verdict(&pods, D), expected);
+            assert_eq!(digest_verdict(&pods, D, "src-now"), expected);
         }
+    }
+
+    /// A pod with the source annotation counts by it: a new requirement (a signature) on the same
+    /// digest is judged on the new pods only.
+    #[test]
+    fn verdicts_follow_the_model_source_not_only_the_digest() {
+        let with_source = |source: &str, exit: (i32, &str)| {
+            let mut p = pod(D, Some(exit));
+            p.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(SOURCE_ANNOTATION.into(), source.into());
+            p
+        };
+        let unsigned = "SignatureNotFound: oci://r/m@sha256:x: not signed";
+        let pods = [
+            with_source("src-old", (0, "")),
+            with_source("src-now", (9, unsigned)),
+        ];
+        assert_eq!(
+            digest_verdict(&pods, D, "src-now"),
+            DigestVerdict::Failed("SignatureNotFound".into(), unsigned.into())
+        );
+        assert_eq!(digest_verdict(&pods, D, "src-old"), DigestVerdict::Verified);
     }
 
     #[test]

@@ -7,7 +7,8 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use modelfleet_crds::model_deployment::CapacityStatus;
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +42,9 @@ pub struct Metrics {
     /// p95 latency objectives and what the autoscaler measured, by `latency` (`ttft`, `itl`) and
     /// `kind` (`objective`, `measured`).
     objective_p95: GaugeVec,
+    /// Seconds each phase of a runtime pod's start took (`node`, `signature`, `pull`, `verify`,
+    /// `install`, `load`, `total`), observed once per pod when it turns Ready.
+    pub pod_start: HistogramVec,
     /// Set once the process can serve (the API client is up).
     pub ready: AtomicBool,
 }
@@ -118,8 +122,19 @@ impl Default for Metrics {
             &["namespace", "model_deployment", "latency", "kind"],
         )
         .unwrap();
+        let pod_start = HistogramVec::new(
+            HistogramOpts::new(
+                "modelfleet_operator_pod_start_seconds",
+                "Seconds each phase of a runtime pod's start took (node: images and image volumes; the fetch \
+                 container's signature, pull, verify, install; load: the runtime to Ready; total), once per pod",
+            )
+            .buckets(vec![0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0]),
+            &["phase"],
+        )
+        .unwrap();
         for c in [
             Box::new(reconciliations.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(pod_start.clone()),
             Box::new(errors.clone()),
             Box::new(duration.clone()),
             Box::new(status_writes.clone()),
@@ -147,6 +162,7 @@ impl Default for Metrics {
             capacity_throughput,
             capacity_currency: Mutex::default(),
             objective_p95,
+            pod_start,
             ready: AtomicBool::new(false),
         }
     }

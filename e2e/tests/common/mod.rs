@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod affinity;
+pub mod delivery;
 pub mod fleet;
 pub mod ramp;
 
@@ -191,6 +192,8 @@ pub fn node_dir_values() -> Vec<String> {
     std::os::unix::fs::chown(&cache, Some(65532), Some(65532)).unwrap();
     [
         format!("modelCache.hostPath={}", cache.display()),
+        // The delivery scenario's scale-out reads ModelPack artifacts through the node cache.
+        "modelCache.namespaces[0]=e2e-cache-*".to_string(),
         // `file://` models and adapters come from the scenarios' artifacts, mounted read-only, in the
         // scenarios' namespaces only: elsewhere the restricted standard can be enforced (node.rs).
         format!("runtime.nodeFileRoots[0]={}", artifacts.display()),

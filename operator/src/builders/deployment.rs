@@ -14,11 +14,11 @@
 //! A speculative draft model is fetched and verified by a second init container into its own volume
 //! (with the same limits and security), and `serve` checks its digest again at start-up.
 
-use super::owned_meta;
+use super::{model_volume, owned_meta};
 use crate::config::{ModelCache, OperatorConfig, quantity_bytes};
 use crate::labels::{
     ADMIN_PORT, DIGEST_ANNOTATION, FETCH_CONTAINER, HTTP_PORT, METRICS_PORT, RUNTIME_CONTAINER,
-    adapters_configmap_name, admin_secret_name, selector_labels, workload_name,
+    SOURCE_ANNOTATION, adapters_configmap_name, admin_secret_name, selector_labels, workload_name,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
@@ -59,6 +59,13 @@ pub const TMP_DIR: &str = "/var/lib/modelfleet/tmp";
 /// `sizeLimit` of the scratch (`TMPDIR`) volume.
 pub const TMP_SIZE_LIMIT: &str = "64Mi";
 
+/// A hash of `spec.model` (16 hex digits): which pods were made for the model as it is now.
+pub fn model_source_key(md: &ModelDeployment) -> String {
+    use sha2::Digest as _;
+    let json = serde_json::to_vec(&md.spec.model).unwrap_or_default();
+    hex::encode(&sha2::Sha256::digest(&json)[..8])
+}
+
 /// The served model name: `spec.model.servedName`, else the ModelDeployment's name.
 pub fn served_name(md: &ModelDeployment) -> String {
     md.spec
@@ -78,6 +85,7 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
         ("prometheus.io/port".to_string(), METRICS_PORT.to_string()),
         ("prometheus.io/path".to_string(), "/metrics".to_string()),
         (DIGEST_ANNOTATION.to_string(), md.spec.model.digest.clone()),
+        (SOURCE_ANNOTATION.to_string(), model_source_key(md)),
     ]);
     let mut pod_labels = crate::labels::labels(&name);
     pod_labels.extend(selector_labels(&name));
@@ -113,12 +121,7 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
                     ),
                     automount_service_account_token: Some(false),
                     security_context: Some(pod_security(cfg)),
-                    image_pull_secrets: (!cfg.image_pull_secrets.is_empty()).then(|| {
-                        cfg.image_pull_secrets
-                            .iter()
-                            .map(|name| LocalObjectReference { name: name.clone() })
-                            .collect()
-                    }),
+                    image_pull_secrets: pull_secrets(md, cfg),
                     ..Default::default()
                 }),
             },
@@ -126,6 +129,21 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
         }),
         ..Default::default()
     }
+}
+
+/// The operator's pull secrets, and the model image's credentials when it is an image volume.
+fn pull_secrets(md: &ModelDeployment, cfg: &OperatorConfig) -> Option<Vec<LocalObjectReference>> {
+    let mut out: Vec<LocalObjectReference> = cfg
+        .image_pull_secrets
+        .iter()
+        .map(|name| LocalObjectReference { name: name.clone() })
+        .collect();
+    for s in model_volume::pull_secrets(md, &model_volume::plan(md)) {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// The node file roots this ModelDeployment's namespace mounts (none outside `--node-file-namespaces`).
@@ -196,28 +214,39 @@ fn container_security() -> SecurityContext {
     }
 }
 
-/// The model's fetch, and the draft model's when speculative decoding uses one.
+/// The model's fetch (or check, for a mounted model), and the draft model's fetch when speculative
+/// decoding uses one.
 fn init_containers(
     md: &ModelDeployment,
     runtime: &RuntimeSpec,
     image: &str,
     cfg: &OperatorConfig,
 ) -> Vec<Container> {
-    let m = &md.spec.model;
-    let mut out = vec![fetch_container(
+    let plan = model_volume::plan(md);
+    let mut model = fetch_container(
         md,
         FETCH_CONTAINER,
-        (&m.uri, &m.digest),
-        ("model", MODEL_DIR),
+        model_volume::fetch_flags(md, &plan),
+        model_volume::model_mount(&plan, true),
         image,
         cfg,
-    )];
+    );
+    if let Some(mounts) = model.volume_mounts.as_mut() {
+        mounts.extend(model_volume::secret_mounts(md));
+    }
+    if let Some(env) = model.env.as_mut() {
+        env.push(field_env("POD_IP", "status.podIP"));
+    }
+    let mut out = vec![model];
     if let Some(d) = draft_model(runtime) {
+        let flags = ["--uri", &d.uri, "--digest", &d.digest, "--dest", DRAFT_DIR]
+            .map(String::from)
+            .to_vec();
         out.push(fetch_container(
             md,
             FETCH_DRAFT_CONTAINER,
-            (&d.uri, &d.digest),
-            ("draft-model", DRAFT_DIR),
+            flags,
+            mount("draft-model", DRAFT_DIR, false),
             image,
             cfg,
         ));
@@ -233,27 +262,24 @@ fn draft_model(runtime: &RuntimeSpec) -> Option<&modelfleet_crds::model_deployme
         .and_then(|s| s.draft_model.as_ref())
 }
 
+/// A fetch container: `fetch` with `flags` (source, digest, destination or mount), the artifact's
+/// volume mounted as `target`, the node cache and the operator's size limit when they apply.
 fn fetch_container(
     md: &ModelDeployment,
     name: &str,
-    (uri, digest): (&str, &str),
-    (volume, dest): (&str, &str),
+    flags: Vec<String>,
+    target: VolumeMount,
     image: &str,
     cfg: &OperatorConfig,
 ) -> Container {
-    let mut args: Vec<String> = vec![
-        "fetch".into(),
-        "--uri".into(),
-        uri.into(),
-        "--digest".into(),
-        digest.into(),
-        "--dest".into(),
-        dest.into(),
-        // Explicit, so harnesses that rewrite paths in args (the e2e process kubelet) see it too.
-        "--termination-log".into(),
-        "/dev/termination-log".into(),
-    ];
-    let mut mounts = vec![mount(volume, dest, false), mount("tmp", TMP_DIR, false)];
+    let mut args: Vec<String> = vec!["fetch".into()];
+    args.extend(flags);
+    // Explicit, so harnesses that rewrite paths in args (the e2e process kubelet) see it too.
+    args.extend([
+        "--termination-log".to_string(),
+        "/dev/termination-log".to_string(),
+    ]);
+    let mut mounts = vec![target, mount("tmp", TMP_DIR, false)];
     if shared_cache(md, cfg).is_some() {
         args.extend(["--cache".to_string(), CACHE_DIR.to_string()]);
         mounts.push(mount("model-cache", CACHE_DIR, false));
@@ -339,6 +365,9 @@ pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorCon
         MODEL_DIR,
         "--digest",
         &md.spec.model.digest,
+        // The fetch container verified the bytes (or the mounted model) before this container started:
+        // the runtime checks them again beside loading them, not before.
+        "--verify-beside-load",
         "--served-model-name",
         &served_name(md),
         "--port",
@@ -460,7 +489,7 @@ fn runtime_container(
     env.extend(memory_limit_env(runtime));
     env.extend(runtime.env.iter().cloned());
     let mut mounts = vec![
-        mount("model", MODEL_DIR, true),
+        model_volume::model_mount(&model_volume::plan(md), false),
         mount("admin-token", ADMIN_DIR, true),
         mount("adapters", ADAPTERS_DIR, true),
         mount("adapter-store", ADAPTER_STORE_DIR, false),
@@ -525,8 +554,11 @@ fn empty_dir(name: &str, size_limit: Option<&str>) -> Volume {
 
 fn volumes(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorConfig) -> Vec<Volume> {
     let name = md.metadata.name.clone().unwrap_or_default();
+    let plan = model_volume::plan(md);
+    let model = model_volume::model_volume(&plan)
+        .unwrap_or_else(|| empty_dir("model", cfg.model_volume_size_limit.as_deref()));
     let mut volumes = vec![
-        empty_dir("model", cfg.model_volume_size_limit.as_deref()),
+        model,
         Volume {
             name: "admin-token".into(),
             secret: Some(SecretVolumeSource {
@@ -579,6 +611,7 @@ fn volumes(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorConfig) ->
             ..Default::default()
         });
     }
+    volumes.extend(model_volume::secret_volumes(md));
     if let Some(t) = &md.spec.tenants {
         volumes.push(Volume {
             name: "tenants".into(),

@@ -4,6 +4,7 @@
 
 pub mod adapters;
 pub mod deployment;
+pub mod model_volume;
 pub mod pdb;
 pub mod secret;
 pub mod service;

@@ -6,7 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 use modelfleet_crds::ModelDeployment;
-use modelfleet_crds::condition_types::{DIGEST_VERIFIED, GPU_UNUSED, READY, RUNTIME_RESTARTS, STALLED};
+use modelfleet_crds::condition_types::{
+    DIGEST_VERIFIED, GPU_UNUSED, READY, RUNTIME_RESTARTS, SCHEDULABLE, STALLED,
+};
 use modelfleet_crds::model_deployment::ModelDeploymentStatus;
 
 fn find<'a>(cs: &'a [Condition], t: &str) -> Option<&'a Condition> {
@@ -19,7 +21,14 @@ pub fn transitions(
     next: &ModelDeploymentStatus,
 ) -> Vec<(bool, String, String)> {
     let mut out = Vec::new();
-    for t in [READY, STALLED, DIGEST_VERIFIED, RUNTIME_RESTARTS, GPU_UNUSED] {
+    for t in [
+        READY,
+        STALLED,
+        DIGEST_VERIFIED,
+        RUNTIME_RESTARTS,
+        GPU_UNUSED,
+        SCHEDULABLE,
+    ] {
         let (Some(new), old) = (find(&next.conditions, t), find(&previous.conditions, t)) else {
             continue;
         };
@@ -27,10 +36,13 @@ pub fn transitions(
             continue;
         }
         let alarm = [STALLED, RUNTIME_RESTARTS, GPU_UNUSED].contains(&t);
-        let warning = (alarm && new.status == "True") || (t == DIGEST_VERIFIED && new.status == "False");
+        let inverted = [DIGEST_VERIFIED, SCHEDULABLE].contains(&t);
+        let warning = (alarm && new.status == "True") || (inverted && new.status == "False");
         // Nothing to say about a condition that starts out benign (not stalled, not yet verified,
-        // no restarts).
-        let benign = (alarm && new.status == "False") || (t == DIGEST_VERIFIED && new.status == "Unknown");
+        // no restarts, scheduled).
+        let benign = (alarm && new.status == "False")
+            || (t == DIGEST_VERIFIED && new.status == "Unknown")
+            || (t == SCHEDULABLE && new.status == "True");
         if benign && old.is_none_or(|o| o.status == new.status) {
             continue;
         }
@@ -87,5 +99,37 @@ pub async fn publish(
         if let Err(e) = recorder.publish(&event, reference).await {
             tracing::debug!(error = %e, "publishing an event failed");
         }
+    }
+}
+
+/// Publishes a `PodStarted` Event for each runtime pod that turned Ready since the last pass (once per
+/// pod, remembered in `ctx.started`), and observes its phases in `modelfleet_operator_pod_start_seconds`.
+pub async fn pods_started(ctx: &Context, md: &ModelDeployment, pods: &[k8s_openapi::api::core::v1::Pod]) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let mut notes = Vec::new();
+    for pod in pods {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            continue;
+        };
+        let Some(report) = crate::started::report(pod, now) else {
+            continue;
+        };
+        if !ctx.started.remember(uid) {
+            continue;
+        }
+        for (phase, seconds) in &report.phases {
+            ctx.metrics
+                .pod_start
+                .with_label_values(&[phase.as_str()])
+                .observe(*seconds);
+        }
+        ctx.metrics
+            .pod_start
+            .with_label_values(&["total"])
+            .observe(report.total);
+        notes.push((false, "PodStarted".to_string(), report.message()));
+    }
+    if !notes.is_empty() {
+        publish(&ctx.recorder, &md.object_ref(&()), notes).await;
     }
 }

@@ -63,6 +63,8 @@ pub struct Context {
     pub capacity: crate::capacity::Capacity,
     /// Per ModelDeployment with a canary in flight: the gateway's per-revision readings.
     pub rollouts: crate::rollout::measure::History,
+    /// Runtime pods whose start was already reported (`PodStarted`).
+    pub started: crate::started::Reported,
 }
 
 pub use crate::autoscaler::AUTOSCALE_INTERVAL;
@@ -73,6 +75,8 @@ pub const CONFLICT_RETRY: Duration = Duration::from_secs(30);
 /// How often a deployment in a served-name conflict looks again (the peer going away announces
 /// nothing to this deployment).
 pub const CONFLICT_RECHECK: Duration = Duration::from_secs(10);
+/// How often a deployment with starting pods is passed over (their progress in `status.starting`).
+pub const STARTING_INTERVAL: Duration = Duration::from_secs(3);
 
 /// Runs the controller until a shutdown signal, with one set of watches per partition of `scope`.
 pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, identity: &str, scope: &Scope) {
@@ -98,6 +102,7 @@ pub async fn run(client: Client, cfg: OperatorConfig, metrics: Arc<Metrics>, ide
         recorder: Recorder::new(client.clone(), reporter),
         sweeper: sweep::Sweeper::new(crate::lora::admin::http_client()),
         peers,
+        started: Default::default(),
     });
     let runs = feeds
         .into_iter()
@@ -169,6 +174,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
     let rollout_in_flight = crate::rollout::drive::in_flight(status.rollout.as_ref());
     let decision = acted.scaled.decision_reason.as_deref();
     pass::write_status(&md, &ctx, status, decision, acted.rollout_event.as_ref()).await?;
+    events::pods_started(&ctx, &md, &seen.pods).await;
     let every = pass::requeue_after(&md, &seen);
     Ok(Action::requeue(match rollout_in_flight {
         true => every.min(crate::rollout::drive::ROLLOUT_INTERVAL),

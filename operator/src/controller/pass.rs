@@ -41,6 +41,8 @@ pub struct Seen {
     pub conflict: Option<String>,
     /// Other deployments claiming one of its served names.
     pub clashes: Vec<served_names::Clash>,
+    /// What the pods that are not Ready yet are doing (`status.starting`).
+    pub starting: Vec<crate::starting::Sample>,
 }
 
 /// What a pass did.
@@ -77,6 +79,7 @@ pub async fn observe(md: &ModelDeployment, ctx: &Context) -> Result<Seen, Error>
         .filter(|a| crate::lora::desired::references(a, &ns, &name))
         .collect();
     let startup = crate::lora::desired::startup_entries(&adapters, &builders::deployment::served_name(md));
+    let starting = crate::starting::observe(&ctx.http, &pods).await;
     Ok(Seen {
         conflict: ownership::conflict(md, &owned),
         clashes: ctx.peers.clashes(md, ctx.cfg.served_name_scope),
@@ -86,6 +89,7 @@ pub async fn observe(md: &ModelDeployment, ctx: &Context) -> Result<Seen, Error>
         pods,
         tenants,
         startup,
+        starting,
     })
 }
 
@@ -156,9 +160,11 @@ pub fn desired_status(
 ) -> ModelDeploymentStatus {
     let previous = md.status.clone().unwrap_or_default();
     let scaled = &acted.scaled;
+    let source = builders::deployment::model_source_key(md);
     let observed = Observed {
         generation: md.metadata.generation.unwrap_or(0),
         digest: &md.spec.model.digest,
+        source: &source,
         desired: scaled.replicas,
         deployment: acted.deployment.as_ref(),
         pods: &seen.pods,
@@ -170,12 +176,14 @@ pub fn desired_status(
         gpus_reserved: crate::status::gpus_reserved(
             md.spec.runtime.as_ref().and_then(|r| r.resources.as_ref()),
         ),
+        unschedulable: crate::starting::unschedulable(&seen.starting),
     };
     let dep_status = acted
         .deployment
         .as_ref()
         .and_then(|d| d.status.clone())
         .unwrap_or_default();
+    let (starting, starting_summary) = crate::starting::status(&seen.starting);
     ModelDeploymentStatus {
         observed_generation: md.metadata.generation,
         replicas: dep_status.replicas.unwrap_or(0),
@@ -194,6 +202,8 @@ pub fn desired_status(
         objectives: scaled.objectives.clone(),
         capacity: acted.capacity.clone(),
         rollout: acted.rollout.clone(),
+        starting,
+        starting_summary,
     }
 }
 
@@ -226,7 +236,8 @@ pub async fn write_status(
 }
 
 /// When to pass again (pure): soon over a conflict, on the autoscaler's cadence with `Builtin`, on the
-/// capacity sampling's with `spec.cost`, else the resync interval; sooner while a served name clashes.
+/// capacity sampling's with `spec.cost`, else the resync interval; sooner while a served name clashes
+/// or pods are starting (their progress is in the status).
 pub fn requeue_after(md: &ModelDeployment, seen: &Seen) -> Duration {
     let builtin = md
         .spec
@@ -243,6 +254,10 @@ pub fn requeue_after(md: &ModelDeployment, seen: &Seen) -> Duration {
     let every = match md.spec.cost {
         Some(_) => every.min(crate::capacity::SAMPLE_INTERVAL),
         None => every,
+    };
+    let every = match seen.starting.is_empty() {
+        true => every,
+        false => every.min(super::STARTING_INTERVAL),
     };
     if seen.clashes.is_empty() {
         every

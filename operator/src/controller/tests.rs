@@ -57,6 +57,7 @@ fn context(client: Client) -> Arc<Context> {
         recorder: Recorder::new(client, reporter),
         sweeper: super::sweep::Sweeper::new(crate::autoscaler::metrics::http_client()),
         peers: super::peers::Peers::empty(),
+        started: Default::default(),
     })
 }
 

@@ -113,10 +113,15 @@ pub fn manifest_text(lines: &[(String, String)]) -> String {
         .collect()
 }
 
+/// The canonical digest `sha256:<hex>` of manifest lines (sorted, as [`manifest`] gives them).
+pub fn digest_of_manifest(lines: &[(String, String)]) -> String {
+    let text = manifest_text(lines);
+    format!("sha256:{}", hex::encode(Sha256::digest(text.as_bytes())))
+}
+
 /// The canonical digest `sha256:<hex>` of a directory or a single file.
 pub fn digest_path(root: &Path) -> Result<String, DigestError> {
-    let text = manifest_text(&manifest(root)?);
-    Ok(format!("sha256:{}", hex::encode(Sha256::digest(text.as_bytes()))))
+    Ok(digest_of_manifest(&manifest(root)?))
 }
 
 #[cfg(test)]

@@ -4,8 +4,10 @@
 //!   unsupported fields refused by name), response bodies, the error mapping, metric names.
 //! - [`digest`]: the canonical content digest of a model or adapter (docs/design.md, "Canonical digest");
 //!   the engine's, re-exported.
-//! - [`fetch`]: download or copy an artifact, verify its digest, then put it in place (init container).
+//! - [`fetch`]: download or copy an artifact, verify its digest (and signature), then put it in place
+//!   (init container); one module per source scheme behind one seam.
 //! - [`fetch_cmd`]: the `fetch` command line.
+//! - [`package`]: `package`, a model pushed to an OCI registry as a ModelPack artifact or a model image.
 //! - [`metrics`]: the runtime's Prometheus metrics (docs/design.md names) and their vLLM aliases.
 //! - [`tenants`]: API keys → tenant ids from the tenants file, reloaded on change (Secret rotation);
 //!   also from `modelfleet-api`.
@@ -31,6 +33,7 @@ pub mod gen_adapter;
 pub mod gen_model;
 pub mod logging;
 pub mod metrics;
+pub mod package;
 pub mod plan;
 pub mod serve;
 pub use modelfleet_api::tenants;

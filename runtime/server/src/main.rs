@@ -1,5 +1,8 @@
 //! `modelfleet-runtime`: the runtime pod's binary. Subcommands:
-//! - `fetch --uri URI --digest sha256:HEX --dest DIR [--cache DIR]` fetches and verifies an artifact.
+//! - `fetch --uri URI --digest sha256:HEX (--dest DIR [--cache DIR] | --mounted DIR)` fetches and
+//!   verifies an artifact (or checks a mounted one: an image volume, a PVC).
+//! - `package PATH --to oci://registry/repo[:tag] [--format modelpack|image]` pushes a model as a CNCF
+//!   ModelPack artifact or a model image and prints the `spec.model` to paste.
 //! - `digest PATH` prints the canonical digest of a model or adapter directory, or of one file.
 //! - `gen-model DIR --shape S --seed N [--dtype D] [--format safetensors|gguf]` writes a random-weight
 //!   model in Hugging Face layout (or one GGUF file).
@@ -23,7 +26,10 @@ enum Command {
     /// Serve the OpenAI-compatible API for one model.
     Serve(Box<modelfleet_runtime::serve::ServeArgs>),
     /// Download or copy an artifact, verify its canonical digest, and only then put it into DEST.
-    Fetch(modelfleet_runtime::fetch_cmd::FetchArgs),
+    Fetch(Box<modelfleet_runtime::fetch_cmd::FetchArgs>),
+    /// Push a model to an OCI registry as a CNCF ModelPack artifact or a model image (reproducibly) and
+    /// print the `spec.model` that pins it.
+    Package(modelfleet_runtime::package::PackageArgs),
     /// Print the canonical digest (`sha256:…`) of a model or adapter directory, or of one file.
     Digest {
         /// A directory (every regular file under it, hidden ones included) or a single file.
@@ -41,7 +47,8 @@ enum Command {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => modelfleet_runtime::serve::run(*args),
-        Command::Fetch(args) => modelfleet_runtime::fetch_cmd::run(args),
+        Command::Fetch(args) => modelfleet_runtime::fetch_cmd::run(*args),
+        Command::Package(args) => modelfleet_runtime::package::run(args),
         Command::GenModel(args) => modelfleet_runtime::gen_model::run(args),
         Command::GenAdapter(args) => modelfleet_runtime::gen_adapter::run(args),
         Command::Plan(args) => modelfleet_runtime::plan::run(args),

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use modelfleet_runtime::digest::digest_path;
-use modelfleet_runtime::fetch::{FetchError, FetchRequest, Fetched, Limits, Source, fetch};
+use modelfleet_runtime::fetch::{Access, FetchError, FetchRequest, Fetched, Limits, Source, fetch};
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -173,16 +173,7 @@ fn model_tree(root: &Path) {
 }
 
 fn request(uri: &str, digest: &str, dest: &Path) -> FetchRequest {
-    FetchRequest {
-        source: Source::parse(uri).unwrap(),
-        digest: digest.to_string(),
-        dest: dest.to_path_buf(),
-        cache: None,
-        hf_endpoint: String::new(),
-        token: None,
-        limits: Default::default(),
-        ca_file: None,
-    }
+    FetchRequest::new(Source::parse(uri).unwrap(), digest, dest)
 }
 
 fn entries(dir: &Path) -> Vec<String> {
@@ -320,12 +311,12 @@ async fn hugging_face_layout_with_token() {
 
     let dest = tmp.path().join("hf");
     let mut req = request("hf://org/tiny@v1", &digest, &dest);
-    req.hf_endpoint = base;
+    req.access.hf_endpoint = base;
     let err = fetch(&req).await.unwrap_err();
     assert!(err.to_string().contains("HTTP 401"), "{err}");
     assert!(!dest.exists());
 
-    req.token = Some(TOKEN.into());
+    req.access.hf_token = Some(TOKEN.into());
     assert_eq!(fetch(&req).await.unwrap(), Fetched::FromSource);
     assert_eq!(digest_path(&dest).unwrap(), digest);
 }
@@ -580,9 +571,12 @@ async fn the_token_goes_only_to_the_hub_and_redirects_only_to_https() {
     )
     .await;
     let with_token = |uri: String, dest: &str| FetchRequest {
-        hf_endpoint: hub.clone(),
-        token: Some(TOKEN.into()),
-        ca_file: Some(cert.clone()),
+        access: Access {
+            hf_endpoint: hub.clone(),
+            hf_token: Some(TOKEN.into()),
+            ca_file: Some(cert.clone()),
+            ..Access::default()
+        },
         ..request(&uri, &digest, &tmp.path().join(dest))
     };
     let bearer = Some(format!("Bearer {TOKEN}"));

@@ -33,10 +33,18 @@ fn minimal_deployment() {
             DIGEST,
             "--dest",
             MODEL_DIR,
+            "--progress-addr",
+            "$(POD_IP):8001",
             "--termination-log",
             "/dev/termination-log",
         ],
         "no shared cache unless the namespace opted in"
+    );
+    let env: Vec<&str> = init.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        env,
+        ["TMPDIR", "POD_IP"],
+        "the progress address expands $(POD_IP)"
     );
     let main = &pod.containers[0];
     assert_eq!(
@@ -47,6 +55,7 @@ fn minimal_deployment() {
             MODEL_DIR,
             "--digest",
             DIGEST,
+            "--verify-beside-load",
             "--served-model-name",
             "smollm2",
             "--port",
@@ -613,4 +622,106 @@ fn the_runtime_image_its_pull_policy_and_pull_secrets_come_from_the_operator() {
     let d = desired_deployment(&minimal(), &OperatorConfig::default(), 1);
     assert!(pod_spec(&d).image_pull_secrets.is_none());
     assert!(pod_spec(&d).containers[0].image_pull_policy.is_none());
+}
+
+/// An image volume: the node mounts the model image's `/models`; the fetch container checks it in
+/// place (`--mounted`), with the signature key and credentials mounted into it alone, and the
+/// credentials are also the pod's pull secret.
+#[test]
+fn a_model_image_is_an_image_volume_checked_in_place() {
+    let m = md(&format!(
+        "  model:\n    uri: oci://reg.example:5000/models/m:v1@sha256:{h}\n    digest: \"{DIGEST}\"\n    \
+         delivery: ImageVolume\n    credentialsSecretRef: {{name: pull}}\n    verify:\n      \
+         publicKeySecretRef: {{name: keys}}\n",
+        h = "2".repeat(64)
+    ));
+    let d = desired_deployment(&m, &OperatorConfig::default(), 1);
+    let pod = pod_spec(&d);
+    let model = pod.volumes.iter().flatten().find(|v| v.name == "model").unwrap();
+    let image = model.image.as_ref().expect("an image volume");
+    assert_eq!(
+        image.reference.as_deref(),
+        Some(format!("reg.example:5000/models/m@sha256:{}", "2".repeat(64)).as_str()),
+        "pinned by the manifest digest, the tag dropped"
+    );
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    let args = init.args.as_ref().unwrap();
+    let after = |flag: &str| args[args.iter().position(|a| a == flag).unwrap() + 1].as_str();
+    assert_eq!(after("--mounted"), MODEL_DIR);
+    assert!(!args.contains(&"--dest".to_string()));
+    assert_eq!(after("--public-key"), "/etc/modelfleet/model-key/cosign.pub");
+    assert_eq!(after("--credentials-dir"), "/etc/modelfleet/source-credentials");
+    let mounts = |c: &Container| -> Vec<(String, String, Option<String>, Option<bool>)> {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| {
+                (
+                    m.name.clone(),
+                    m.mount_path.clone(),
+                    m.sub_path.clone(),
+                    m.read_only,
+                )
+            })
+            .collect()
+    };
+    let model_mount = (
+        "model".to_string(),
+        MODEL_DIR.to_string(),
+        Some("models".to_string()),
+        Some(true),
+    );
+    assert!(mounts(init).contains(&model_mount));
+    assert!(mounts(&pod.containers[0]).contains(&model_mount));
+    let secret_mounts = ["model-credentials", "model-key"];
+    assert!(
+        secret_mounts
+            .iter()
+            .all(|s| mounts(init).iter().any(|m| m.0 == *s))
+    );
+    assert!(
+        !mounts(&pod.containers[0])
+            .iter()
+            .any(|m| secret_mounts.contains(&m.0.as_str())),
+        "the runtime never sees credentials or keys"
+    );
+    let pulls: Vec<&str> = pod
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(pulls, ["pull"]);
+}
+
+/// A claim: mounted read-only at the path on it, for the fetch container's check and the runtime.
+#[test]
+fn a_claim_is_mounted_read_only_at_its_path() {
+    let m = md(&format!(
+        "  model:\n    uri: pvc://shared/models/m\n    digest: \"{DIGEST}\"\n"
+    ));
+    let d = desired_deployment(&m, &OperatorConfig::default(), 1);
+    let pod = pod_spec(&d);
+    let claim = pod.volumes.iter().flatten().find(|v| v.name == "model").unwrap();
+    let pvc = claim.persistent_volume_claim.as_ref().unwrap();
+    assert_eq!((pvc.claim_name.as_str(), pvc.read_only), ("shared", Some(true)));
+    for c in [&pod.init_containers.as_ref().unwrap()[0], &pod.containers[0]] {
+        let mount = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "model")
+            .unwrap();
+        assert_eq!(
+            (mount.sub_path.as_deref(), mount.read_only),
+            (Some("models/m"), Some(true))
+        );
+    }
+    assert!(
+        pod.init_containers.as_ref().unwrap()[0]
+            .args
+            .as_ref()
+            .unwrap()
+            .contains(&"--mounted".to_string())
+    );
 }

@@ -190,7 +190,11 @@ fn fetch_error(e: FetchError) -> ApiError {
         FetchError::InvalidArgument(_) => (ApiErrorKind::InvalidRequest, "invalid_request"),
         FetchError::SourceUnavailable(_) => (ApiErrorKind::BadGateway, "source_unavailable"),
         FetchError::DigestMismatch { .. } => (ApiErrorKind::Unprocessable, "digest_mismatch"),
-        FetchError::InvalidArtifact(_) => (ApiErrorKind::Unprocessable, "invalid_artifact"),
+        FetchError::InvalidArtifact(_) | FetchError::Malformed(_) => {
+            (ApiErrorKind::Unprocessable, "invalid_artifact")
+        }
+        FetchError::Unauthorized(_) => (ApiErrorKind::BadGateway, "source_unauthorized"),
+        FetchError::Signature { .. } => (ApiErrorKind::Unprocessable, "signature_invalid"),
         FetchError::Io { .. } => (ApiErrorKind::Internal, "local_io_error"),
         FetchError::TooLarge(_) => (ApiErrorKind::Unprocessable, "too_large"),
         FetchError::TimedOut(_) => (ApiErrorKind::Timeout, "source_timeout"),
@@ -431,14 +435,13 @@ impl Registry {
         let dir = self.cfg.store.join(spec.digest.trim_start_matches("sha256:"));
         let incoming = crate::fetch::stage::unique_dir(&self.cfg.store, ".incoming-").map_err(fetch_error)?;
         let req = FetchRequest {
-            source,
-            digest: spec.digest.clone(),
-            dest: incoming.clone(),
-            cache: None,
-            hf_endpoint: self.cfg.hf_endpoint.clone(),
-            token: self.cfg.token.clone(),
             limits: self.cfg.fetch_limits,
-            ca_file: None,
+            access: crate::fetch::Access {
+                hf_endpoint: self.cfg.hf_endpoint.clone(),
+                hf_token: self.cfg.token.clone(),
+                ..crate::fetch::Access::default()
+            },
+            ..FetchRequest::new(source, spec.digest.clone(), incoming.clone())
         };
         let fetched = crate::fetch::fetch(&req).await.map_err(fetch_error);
         let (d, inc, digest) = (dir.clone(), incoming.clone(), spec.digest.clone());

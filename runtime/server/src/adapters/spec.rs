@@ -111,11 +111,7 @@ impl UriPolicy {
     /// Refuses sources this runtime may not read; a `file://` source comes back as the resolved path
     /// that was checked, which is the one to read.
     pub fn resolve(&self, source: Source) -> Result<Source, ApiError> {
-        let scheme = match &source {
-            Source::File(_) => "file",
-            Source::Http(u) => u.scheme(),
-            Source::HuggingFace { .. } => "hf",
-        };
+        let scheme = source.scheme();
         if !self.schemes.iter().any(|s| s == scheme) {
             return Err(Self::refuse(format!(
                 "`{scheme}` adapter URIs are not allowed by this runtime (allowed: {})",

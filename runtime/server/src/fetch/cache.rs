@@ -9,8 +9,53 @@ use super::{FetchError, stage, verify};
 use std::fs;
 use std::path::{Path, PathBuf};
 
+/// An exclusive lock on one digest in the cache, held while it is fetched (an advisory `flock` on
+/// `DIR/.lock-sha256-<hex>`; the kernel releases it when the holder's process ends, so a crashed
+/// fetch never leaves it taken). Other fetches of the same digest on the node wait for it, then find
+/// the entry: a cold start of several pods reads the source once.
+pub struct Lock {
+    _held: fs::File,
+}
+
+impl Lock {
+    /// Waits for the lock (polling, so the caller's time limit can cancel the wait); `None` when the
+    /// cache cannot hold a lock file (read-only, another owner): the fetch goes on unlocked.
+    pub async fn acquire(cache: &Path, digest: &str) -> Option<Lock> {
+        use std::os::fd::AsRawFd;
+        fs::create_dir_all(cache).ok()?;
+        let path = cache.join(format!(".lock-{}", digest.replace(':', "-")));
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .ok()?;
+        let mut waited = false;
+        loop {
+            // SAFETY: a valid, open descriptor owned by `file`; flock neither reads nor writes memory.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if rc == 0 {
+                return Some(Lock { _held: file });
+            }
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return None;
+            }
+            if !waited {
+                eprintln!("fetch: another fetch of {digest} on this node holds the cache; waiting for it");
+                waited = true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+}
+
 fn entry_path(cache: &Path, digest: &str) -> PathBuf {
     cache.join(digest.replace(':', "-"))
+}
+
+/// Whether the cache has an entry for `digest` (not yet verified).
+pub fn has_entry(cache: &Path, digest: &str) -> bool {
+    entry_path(cache, digest).is_dir()
 }
 
 /// The verified cache entry for `digest`, if there is one. A corrupt entry is removed.
@@ -31,6 +76,17 @@ pub fn lookup(cache: &Path, digest: &str) -> Result<Option<PathBuf>, FetchError>
         }
         Err(e) => Err(e),
     }
+}
+
+/// Makes a verified staging directory inside the cache its entry for `digest`, by a rename; returns
+/// the entry.
+pub fn adopt(cache: &Path, digest: &str, staging: stage::Staging) -> Result<PathBuf, FetchError> {
+    let entry = entry_path(cache, digest);
+    if entry.is_dir() {
+        return Ok(entry);
+    }
+    staging.adopt_as(&entry)?;
+    Ok(entry)
 }
 
 /// Adds the verified tree at `verified` to the cache under `digest` (no-op if already there).

@@ -1,30 +1,43 @@
 //! `modelfleet-runtime fetch`: download or copy an artifact, verify its canonical digest, and only then
 //! put it in place. Used as the runtime pod's init container and by the adapter admin API.
 //!
-//! Flow: [`Source`] (parsed URI) → stage into a private directory ([`stage`]) → verify the canonical
-//! digest of what was staged → move into DEST (and into the digest-keyed cache, when one is given).
+//! Flow: [`Source`] (parsed URI; one module per scheme behind it) → with a cache, the artifact's lock
+//! on the node and a re-verified cache entry if there is one → stage into a private directory
+//! ([`stage`]) → verify the canonical digest of what was staged → move into DEST (and into the
+//! digest-keyed cache). A mounted artifact (an image volume, a PVC) takes [`check_mounted`] instead:
+//! its signature and digest, nothing written. [`Progress`] follows every phase.
 //!
 //! Invariants:
 //! - DEST is left exactly as it was unless the bytes verified: staging happens beside DEST (or, when DEST
 //!   is a mount point on another file system, in a hidden directory inside it that is removed on failure).
 //! - A fetch is bounded in bytes and in time ([`limits`]): past either it fails (`TooLarge`, `TimedOut`)
 //!   and its staging directory is removed.
-//! - Credentials go only to the Hugging Face endpoint's origin, redirects only to https ([`http`]).
+//! - Credentials go only to the source they belong to ([`access`]): the Hub token to the Hub
+//!   endpoint's origin, registry credentials to their registry; HTTP redirects only to https.
+//! - A required signature is checked before anything else is downloaded (`oci://` only; any other
+//!   source with a signature requirement is refused).
 //! - File-system work (copies, hashing, renames) runs on the blocking pool, never on the async threads.
 //! - A cache entry is trusted only after it is re-verified; a corrupt entry is removed and fetched again.
 //! - Every failure has a [`FetchError::reason`] (a stable CamelCase word the operator turns into a
 //!   condition reason) and a one-line message; secrets (tokens) never appear in either.
 
+pub mod access;
 pub mod cache;
-pub mod http;
+pub mod download;
+pub mod error;
 pub mod limits;
+pub mod progress;
+pub mod progress_http;
 pub mod source;
 pub mod stage;
 
+pub use access::Access;
+pub use error::{FetchError, validate_digest};
 pub use limits::Limits;
+pub use progress::{Phase, Progress};
 pub use source::Source;
 
-use crate::digest::{DigestError, digest_path};
+use crate::digest::digest_path;
 use std::path::{Path, PathBuf};
 
 /// What to fetch and where.
@@ -38,14 +51,31 @@ pub struct FetchRequest {
     pub dest: PathBuf,
     /// Digest-keyed cache directory, reused (after re-verification) instead of downloading again.
     pub cache: Option<PathBuf>,
-    /// Hugging Face Hub endpoint for `hf://` URIs.
-    pub hf_endpoint: String,
-    /// Bearer token (from the environment; never logged), sent only to `hf_endpoint`'s origin.
-    pub token: Option<String>,
     /// Byte and time limits.
     pub limits: Limits,
-    /// PEM certificates trusted for https besides the system's roots (a private mirror's CA).
-    pub ca_file: Option<PathBuf>,
+    /// Endpoints, trust and credentials of the sources (secrets redacted from `Debug`).
+    pub access: Access,
+    /// The key a signature of the artifact must verify with (`oci://` sources; `None`: no signature
+    /// is required).
+    pub signature_key: Option<source::oci::signature::PublicKey>,
+    /// Where the fetch reports how far it has come.
+    pub progress: Progress,
+}
+
+impl FetchRequest {
+    /// A request with no cache, no limits, default access and fresh progress counters.
+    pub fn new(source: Source, digest: impl Into<String>, dest: impl Into<PathBuf>) -> FetchRequest {
+        FetchRequest {
+            source,
+            digest: digest.into(),
+            dest: dest.into(),
+            cache: None,
+            limits: Limits::default(),
+            access: Access::default(),
+            signature_key: None,
+            progress: Progress::default(),
+        }
+    }
 }
 
 /// How a fetch ended well.
@@ -57,110 +87,6 @@ pub enum Fetched {
     FromCache,
     /// Downloaded or copied from the source and verified.
     FromSource,
-}
-
-/// Why a fetch failed.
-#[derive(Debug, thiserror::Error)]
-pub enum FetchError {
-    /// The URI or digest is malformed or uses an unsupported scheme.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// The source could not be reached or does not have the artifact.
-    #[error("{0}")]
-    SourceUnavailable(String),
-    /// The bytes do not match the declared digest.
-    #[error("digest mismatch for {uri}: expected {expected}, got {actual}")]
-    DigestMismatch {
-        /// The source URI (without credentials).
-        uri: String,
-        /// The declared digest.
-        expected: String,
-        /// What the fetched bytes hash to.
-        actual: String,
-    },
-    /// The artifact holds something a digest cannot describe (symlinks, special files).
-    #[error("{0}")]
-    InvalidArtifact(DigestError),
-    /// The artifact is larger than the byte limit (or than the space left for it).
-    #[error("{0}")]
-    TooLarge(String),
-    /// The fetch did not finish within its time limit.
-    #[error("{0}")]
-    TimedOut(String),
-    /// Local file-system trouble (DEST, cache or staging).
-    #[error("{context}: {source}")]
-    Io {
-        /// What was being done.
-        context: String,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-}
-
-impl FetchError {
-    /// A stable reason word for termination messages and conditions.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            FetchError::InvalidArgument(_) => "InvalidArgument",
-            FetchError::SourceUnavailable(_) => "SourceUnavailable",
-            FetchError::DigestMismatch { .. } => "DigestMismatch",
-            FetchError::InvalidArtifact(_) => "InvalidArtifact",
-            FetchError::Io { .. } => "LocalIOError",
-            FetchError::TooLarge(_) => "TooLarge",
-            FetchError::TimedOut(_) => "TimedOut",
-        }
-    }
-
-    /// The process exit code for this failure (documented in docs/operations.md).
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            FetchError::InvalidArgument(_) => 2,
-            FetchError::SourceUnavailable(_) => 3,
-            FetchError::DigestMismatch { .. } => 4,
-            FetchError::InvalidArtifact(_) => 5,
-            FetchError::Io { .. } => 6,
-            FetchError::TooLarge(_) => 7,
-            FetchError::TimedOut(_) => 8,
-        }
-    }
-
-    /// One line: `<Reason>: <message>` (what the operator reads from the termination message).
-    pub fn termination_message(&self) -> String {
-        format!("{}: {}", self.reason(), self).replace('\n', " ")
-    }
-
-    pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> FetchError {
-        let context = context.into();
-        move |source| FetchError::Io { context, source }
-    }
-}
-
-impl From<DigestError> for FetchError {
-    fn from(e: DigestError) -> Self {
-        match e {
-            DigestError::Io { path, source } => FetchError::Io {
-                context: path.display().to_string(),
-                source,
-            },
-            other => FetchError::InvalidArtifact(other),
-        }
-    }
-}
-
-/// Checks the `sha256:<64 lower-case hex>` form.
-pub fn validate_digest(digest: &str) -> Result<(), FetchError> {
-    let ok = digest.strip_prefix("sha256:").is_some_and(|h| {
-        h.len() == 64
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(FetchError::InvalidArgument(format!(
-            "--digest must be sha256: followed by 64 lower-case hex digits, got {digest:?}"
-        )))
-    }
 }
 
 /// Verifies that `path` (a staged directory or file) has `expected` digest.
@@ -178,7 +104,7 @@ pub fn verify(path: &Path, expected: &str, uri: &str) -> Result<(), FetchError> 
 }
 
 /// Runs file-system work on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, FetchError> + Send + 'static,
 ) -> Result<T, FetchError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| FetchError::Io {
@@ -191,61 +117,141 @@ async fn blocking<T: Send + 'static>(
 /// `req.limits`. See the module docs for the guarantees.
 pub async fn fetch(req: &FetchRequest) -> Result<Fetched, FetchError> {
     validate_digest(&req.digest)?;
-    let (dest, digest, cache) = (req.dest.clone(), req.digest.clone(), req.cache.clone());
-    let found = blocking(move || {
-        if stage::dest_holds(&dest, &digest) {
-            return Ok(Some(Fetched::AlreadyPresent));
-        }
-        if let Some(cache) = &cache
-            && let Some(entry) = cache::lookup(cache, &digest)?
-        {
-            stage::install_copy(&entry, &dest)?;
-            return Ok(Some(Fetched::FromCache));
-        }
-        Ok(None)
-    })
-    .await?;
-    if let Some(how) = found {
-        return Ok(how);
+    if let Source::Pvc(_) = &req.source {
+        return Err(FetchError::InvalidArgument(format!(
+            "{}: a pvc:// model is mounted, not copied: check it with --mounted DIR",
+            req.source.display()
+        )));
     }
-    let staging = match req.limits.timeout {
-        None => download_verified(req).await?,
-        Some(limit) => tokio::time::timeout(limit, download_verified(req))
-            .await
-            .map_err(|_| {
-                FetchError::TimedOut(format!(
-                    "{}: not downloaded and verified within {} s (the time limit)",
-                    req.source.display(),
-                    limit.as_secs_f64()
-                ))
-            })??,
-    };
-    // Verified: placing it is local work, outside the time limit (never half done). The cache is an
-    // optimisation: a cache that cannot be written (read-only, another owner) does not fail the fetch.
-    let (dest, digest, cache) = (req.dest.clone(), req.digest.clone(), req.cache.clone());
-    blocking(move || {
-        if let Some(cache) = &cache
-            && let Err(e) = cache::store(cache, &digest, staging.path())
-        {
-            eprintln!("fetch: not cached in {}: {e}", cache.display());
+    let bounded = async {
+        let (dest, digest) = (req.dest.clone(), req.digest.clone());
+        if blocking(move || Ok(stage::dest_holds(&dest, &digest))).await? {
+            return Ok::<_, FetchError>(Fetched::AlreadyPresent);
         }
-        staging.commit(&dest)
+        if let Some(how) = from_cache(req).await? {
+            return Ok(how);
+        }
+        // One download per artifact and node at a time: the others wait, then find it in the cache
+        // (entries appear by rename, so the unlocked look above never sees half of one).
+        let lock = match &req.cache {
+            Some(cache) => cache::Lock::acquire(cache, &req.digest).await,
+            None => None,
+        };
+        if lock.is_some()
+            && let Some(how) = from_cache(req).await?
+        {
+            return Ok(how);
+        }
+        let staging = download_verified(req).await?;
+        place(req, staging).await?;
+        Ok(Fetched::FromSource)
+    };
+    let how = match req.limits.timeout {
+        None => bounded.await?,
+        Some(limit) => tokio::time::timeout(limit, bounded).await.map_err(|_| {
+            FetchError::TimedOut(format!(
+                "{}: not downloaded and verified within {} s (the time limit)",
+                req.source.display(),
+                limit.as_secs_f64()
+            ))
+        })??,
+    };
+    req.progress.enter(Phase::Done);
+    Ok(how)
+}
+
+/// Installs a verified cache entry into DEST, if the cache has one.
+async fn from_cache(req: &FetchRequest) -> Result<Option<Fetched>, FetchError> {
+    let Some(cache) = req.cache.clone() else {
+        return Ok(None);
+    };
+    let (dest, digest, progress) = (req.dest.clone(), req.digest.clone(), req.progress.clone());
+    blocking(move || {
+        if !cache::has_entry(&cache, &digest) {
+            return Ok(None);
+        }
+        progress.enter(Phase::Verify);
+        let Some(entry) = cache::lookup(&cache, &digest)? else {
+            return Ok(None);
+        };
+        progress.enter(Phase::Install);
+        stage::install_copy(&entry, &dest)?;
+        Ok(Some(Fetched::FromCache))
     })
-    .await?;
-    Ok(Fetched::FromSource)
+    .await
+}
+
+/// Puts a verified staging directory into DEST (and the cache). Local work, never half done. Staged in
+/// the cache, it becomes the cache entry by a rename and DEST gets a copy (a hard link where the two
+/// share a mount); staged beside DEST, it is committed there and copied into the cache, which is an
+/// optimisation: a cache that cannot be written (read-only, another owner) does not fail the fetch.
+async fn place(req: &FetchRequest, staging: stage::Staging) -> Result<(), FetchError> {
+    let (dest, digest, cache) = (req.dest.clone(), req.digest.clone(), req.cache.clone());
+    req.progress.enter(Phase::Install);
+    blocking(move || match &cache {
+        Some(cache) if staging.path().parent() == Some(cache.as_path()) => {
+            let entry = cache::adopt(cache, &digest, staging)?;
+            stage::install_copy(&entry, &dest)
+        }
+        _ => {
+            if let Some(cache) = &cache
+                && let Err(e) = cache::store(cache, &digest, staging.path())
+            {
+                eprintln!("fetch: not cached in {}: {e}", cache.display());
+            }
+            staging.commit(&dest)
+        }
+    })
+    .await
+}
+
+/// Checks an artifact that is mounted rather than fetched (an image volume, a PVC): its signature
+/// (`oci://`, when a key is configured) and the canonical digest of `mounted`. Writes nothing.
+pub async fn check_mounted(req: &FetchRequest, mounted: &Path) -> Result<(), FetchError> {
+    validate_digest(&req.digest)?;
+    match (&req.source, &req.signature_key) {
+        (Source::Oci(r), Some(_)) => source::oci::check_signature(r, req).await?,
+        (_, Some(_)) => {
+            return Err(FetchError::InvalidArgument(format!(
+                "{}: signatures are checked for oci:// artifacts only",
+                req.source.display()
+            )));
+        }
+        (_, None) => {}
+    }
+    req.progress.enter(Phase::Verify);
+    let (path, digest, shown) = (mounted.to_path_buf(), req.digest.clone(), req.source.display());
+    blocking(move || verify(&path, &digest, &shown)).await?;
+    req.progress.enter(Phase::Done);
+    Ok(())
 }
 
 /// Downloads into a new staging directory within the byte budget and verifies it. Dropping the
 /// future (the time limit) or failing removes the staging directory.
 async fn download_verified(req: &FetchRequest) -> Result<stage::Staging, FetchError> {
-    let dest = req.dest.clone();
-    let staging = blocking(move || stage::Staging::new(&dest)).await?;
+    let (dest, cache) = (req.dest.clone(), req.cache.clone());
+    // With a node cache, bytes land in it (where partial downloads resume and the entry is made by a
+    // rename); without one, or when it cannot be written, beside DEST.
+    let staging = blocking(
+        move || match cache.as_deref().and_then(|c| stage::Staging::new_in(c).ok()) {
+            Some(s) => Ok(s),
+            None => stage::Staging::new(&dest),
+        },
+    )
+    .await?;
     let mut budget = limits::Budget::new(
         &req.limits,
         staging.path().parent().unwrap_or(staging.path()),
         &req.source.display(),
     );
+    if req.signature_key.is_some() && !matches!(req.source, Source::Oci(_)) {
+        return Err(FetchError::InvalidArgument(format!(
+            "{}: signatures are checked for oci:// artifacts only",
+            req.source.display()
+        )));
+    }
     req.source.download_into(staging.path(), req, &mut budget).await?;
+    req.progress.enter(Phase::Verify);
     let (digest, shown) = (req.digest.clone(), req.source.display());
     blocking(move || {
         verify(staging.path(), &digest, &shown)?;

@@ -1,5 +1,5 @@
-//! HTTP downloads for `fetch`: streaming to disk, retried on transient errors and resumed with `Range`
-//! when the server supports it; and the Hugging Face Hub's file listing.
+//! The HTTP transport of `fetch`'s web sources (`http(s)://`, `hf://`): streaming to disk, retried on
+//! transient errors and resumed with `Range` when the server supports it.
 //!
 //! Retries: connection errors, timeouts, 408/429/5xx and bodies cut short are retried up to
 //! [`MAX_ATTEMPTS`] times with exponential backoff; 4xx answers are final, and so is a download past the
@@ -13,6 +13,7 @@
 
 use super::FetchError;
 use super::limits::Budget;
+use super::progress::Progress;
 use reqwest::Url;
 use std::fmt;
 use std::path::Path;
@@ -23,7 +24,7 @@ use tokio::io::AsyncWriteExt;
 pub const MAX_ATTEMPTS: u32 = 6;
 /// Redirect hops followed per request.
 pub const MAX_REDIRECTS: usize = 10;
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 
 /// A bearer token and the one origin (scheme, host, port) it may be sent to.
 #[derive(Clone)]
@@ -96,10 +97,10 @@ pub fn client(ca_file: Option<&Path>) -> Result<reqwest::Client, FetchError> {
 }
 
 /// A request's outcome that a retry may fix.
-struct Transient(String);
+pub(crate) struct Transient(pub(crate) String);
 
 /// GETs `url` (with `Range: bytes=<from>-` if given), following redirects as the module docs say.
-async fn get(
+pub(crate) async fn get(
     client: &reqwest::Client,
     url: &Url,
     cred: Option<&Credential>,
@@ -151,13 +152,14 @@ pub async fn download(
     cred: Option<&Credential>,
     budget: &mut Budget,
     shown: &str,
+    progress: &Progress,
 ) -> Result<(), FetchError> {
-    let mut last = String::new();
+    let (mut last, mut announced) = (String::new(), false);
     for attempt in 0..MAX_ATTEMPTS {
         if attempt > 0 {
             tokio::time::sleep(FIRST_BACKOFF * 2u32.pow(attempt - 1)).await;
         }
-        match try_once(client, url, to, cred, budget, shown).await? {
+        match try_once(client, url, to, cred, budget, shown, (progress, &mut announced)).await? {
             Attempt::Done => {
                 let len = tokio::fs::metadata(to)
                     .await
@@ -180,6 +182,7 @@ async fn try_once(
     cred: Option<&Credential>,
     budget: &Budget,
     shown: &str,
+    (progress, announced): (&Progress, &mut bool),
 ) -> Result<Attempt, FetchError> {
     let have = tokio::fs::metadata(to).await.map(|m| m.len()).unwrap_or(0);
     let mut resp = match get(client, url, cred, (have > 0).then_some(have), shown).await? {
@@ -195,14 +198,23 @@ async fn try_once(
             tokio::fs::remove_file(to)
                 .await
                 .map_err(FetchError::io(to.display().to_string()))?;
+            progress.retract(have);
             return Ok(Attempt::Retry("range not satisfiable; restarting".into()));
         }
         408 | 429 | 500..=599 => return Ok(Attempt::Retry(format!("HTTP {status}"))),
         _ => return Err(FetchError::SourceUnavailable(format!("{shown}: HTTP {status}"))),
     };
+    if !append {
+        progress.retract(have);
+    }
     let mut size = if append { have } else { 0 };
     if let Some(len) = resp.content_length() {
         budget.check(size.saturating_add(len))?;
+        // The file's whole length, told to the progress once per file (attempts may repeat it).
+        if !*announced {
+            progress.expect(size.saturating_add(len));
+            *announced = true;
+        }
     }
     let mut file = tokio::fs::OpenOptions::new()
         .create(true)
@@ -217,6 +229,7 @@ async fn try_once(
             Ok(Some(bytes)) => {
                 size = size.saturating_add(bytes.len() as u64);
                 budget.check(size)?;
+                progress.add(bytes.len() as u64);
                 file.write_all(&bytes)
                     .await
                     .map_err(FetchError::io(to.display().to_string()))?
@@ -237,87 +250,12 @@ async fn try_once(
 }
 
 /// A reqwest error's message without the URL (which may carry credentials).
-fn without_url(e: &reqwest::Error) -> String {
+pub(crate) fn without_url(e: &reqwest::Error) -> String {
     let mut text = e.to_string();
     if let Some(url) = e.url() {
         text = text.replace(url.as_str(), "<url>");
     }
     text
-}
-
-/// Most bytes of a Hub file listing read.
-const MAX_LISTING_BYTES: usize = 16 << 20;
-
-/// Lists the files of a Hub repository at a revision (`GET /api/models/{repo}/revision/{revision}`).
-pub async fn hf_list_files(
-    client: &reqwest::Client,
-    endpoint: &str,
-    repo: &str,
-    revision: &str,
-    cred: Option<&Credential>,
-) -> Result<Vec<String>, FetchError> {
-    #[derive(serde::Deserialize)]
-    struct Sibling {
-        rfilename: String,
-    }
-    #[derive(serde::Deserialize)]
-    struct Info {
-        siblings: Vec<Sibling>,
-    }
-    let shown = format!("hf://{repo}@{revision}");
-    let url = Url::parse(&format!("{endpoint}/api/models/{repo}/revision/{revision}"))
-        .map_err(|e| FetchError::InvalidArgument(format!("--hf-endpoint {endpoint:?}: {e}")))?;
-    let mut last = String::new();
-    for attempt in 0..MAX_ATTEMPTS {
-        if attempt > 0 {
-            tokio::time::sleep(FIRST_BACKOFF * 2u32.pow(attempt - 1)).await;
-        }
-        let mut resp = match get(client, &url, cred, None, &shown).await? {
-            Ok(r) => r,
-            Err(Transient(why)) => {
-                last = why;
-                continue;
-            }
-        };
-        let status = resp.status();
-        if matches!(status.as_u16(), 408 | 429 | 500..=599) {
-            last = format!("HTTP {status}");
-            continue;
-        }
-        if !status.is_success() {
-            return Err(FetchError::SourceUnavailable(format!(
-                "{shown}: listing files: HTTP {status}"
-            )));
-        }
-        let mut body = Vec::new();
-        loop {
-            match resp.chunk().await {
-                Ok(Some(bytes)) if body.len() + bytes.len() <= MAX_LISTING_BYTES => {
-                    body.extend_from_slice(&bytes)
-                }
-                Ok(Some(_)) => {
-                    return Err(FetchError::SourceUnavailable(format!(
-                        "{shown}: the file listing is over {MAX_LISTING_BYTES} bytes"
-                    )));
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    last = format!("listing interrupted: {}", without_url(&e));
-                    body.clear();
-                    break;
-                }
-            }
-        }
-        if body.is_empty() && !last.is_empty() {
-            continue;
-        }
-        let info: Info = serde_json::from_slice(&body)
-            .map_err(|e| FetchError::SourceUnavailable(format!("{shown}: bad file listing: {e}")))?;
-        return Ok(info.siblings.into_iter().map(|s| s.rfilename).collect());
-    }
-    Err(FetchError::SourceUnavailable(format!(
-        "{shown}: giving up after {MAX_ATTEMPTS} attempts: {last}"
-    )))
 }
 
 #[cfg(test)]
