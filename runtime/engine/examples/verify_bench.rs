@@ -88,6 +88,9 @@ impl Opts {
     }
 }
 
+/// A stream's tokens and block table.
+type Stream = (Vec<u32>, Vec<u32>);
+
 /// Each stream's prompt (`context` tokens, then `max_rows` more to score) and block table, the
 /// prompt's first `context` tokens already in `cache`.
 fn fill(
@@ -96,7 +99,7 @@ fn fill(
     (kernels, model): (&CpuKernels, &LlamaModel<CpuKernels>),
     kv: &mut KvCacheManager<FreeListPool>,
     cache: &mut KvCache<CpuKernels>,
-) -> Result<Vec<(Vec<u32>, Vec<u32>)>, Box<dyn std::error::Error>> {
+) -> Result<Vec<Stream>, Box<dyn std::error::Error>> {
     let max_rows = o.rows.iter().copied().max().unwrap_or(1);
     let text = "fn main() { let x = vec![1, 2, 3]; println!(\"{x:?}\"); } ".repeat(o.context);
     let base: Vec<u32> = md
