@@ -14,7 +14,10 @@ For workloads with real prompts (bench/spec_decode.sh): `--prompts FILE` (a JSON
 i sends prompt i modulo the list), `--chat` (POST /v1/chat/completions with the prompt as one user
 message), `--eos` (do not ignore EOS: requests end where the model ends them) and `--no-stream` (one JSON
 answer per request; tokens are counted from each answer's `usage.completion_tokens`, which both servers
-report, so tokens/s is exact even when lengths differ).
+report, so tokens/s is exact even when lengths differ; `--save-texts FILE` then writes each answer's
+text, by stream and request, so two configurations' greedy outputs can be compared). `--temperature T
+--seed S` samples instead of greedy decoding, request i of stream s seeded with S + 1000 s + i (a
+seeded request's text is reproducible, with or without n-gram speculation).
 """
 
 import argparse
@@ -27,8 +30,10 @@ from urllib.parse import urlparse
 
 async def one_request(host, port, model, prompt, max_tokens, opts=None):
     opts = opts or {}
-    req = {"model": model, "max_tokens": max_tokens, "temperature": 0,
+    req = {"model": model, "max_tokens": max_tokens, "temperature": opts.get("temperature", 0),
            "stream": not opts.get("no_stream")}
+    if opts.get("seed") is not None:
+        req["seed"] = opts["seed"]
     if not opts.get("eos"):
         req["ignore_eos"] = True
     if opts.get("chat"):
@@ -52,7 +57,9 @@ async def one_request(host, port, model, prompt, max_tokens, opts=None):
         raw = await reader.read()
         answer = json.loads(raw.split(b"\r\n\r\n", 1)[1])
         writer.close()
-        return t0, [time.perf_counter()], answer["usage"]["completion_tokens"]
+        choice = answer["choices"][0]
+        text = choice.get("text") or (choice.get("message") or {}).get("content")
+        return t0, [time.perf_counter()], answer["usage"]["completion_tokens"], text
     stamps, chunks = [], 0
     buf = b""
     while True:
@@ -78,13 +85,19 @@ async def one_request(host, port, model, prompt, max_tokens, opts=None):
                     stamps.append(time.perf_counter())
                     chunks += 1
     writer.close()
-    return t0, stamps, max_tokens
+    return t0, stamps, max_tokens, None
 
 
-async def client(url, model, prompt, max_tokens, requests, out, opts=None):
+async def client(url, model, prompt, max_tokens, requests, out, opts=None, texts=None, stream=0):
     u = urlparse(url)
-    for _ in range(requests):
-        out.append(await one_request(u.hostname, u.port, model, prompt, max_tokens, opts))
+    for i in range(requests):
+        if opts and opts.get("seed") is not None:
+            # A seed of its own for each request, the same in every run.
+            opts = {**opts, "seed": opts["base_seed"] + 1000 * stream + i}
+        t0, stamps, n, text = await one_request(u.hostname, u.port, model, prompt, max_tokens, opts)
+        out.append((t0, stamps, n))
+        if texts is not None:
+            texts.append({"stream": stream, "request": i, "text": text})
 
 
 def pct(values, q):
@@ -122,8 +135,12 @@ async def main():
     ap.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     ap.add_argument("--eos", action="store_true", help="do not ignore EOS")
     ap.add_argument("--no-stream", action="store_true", help="count tokens from usage")
+    ap.add_argument("--save-texts", help="with --no-stream: write each answer's text here (JSON)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    ap.add_argument("--seed", type=int, help="seed request i of stream s with SEED + 1000 s + i")
     args = ap.parse_args()
-    opts = {"chat": args.chat, "eos": args.eos, "no_stream": args.no_stream}
+    opts = {"chat": args.chat, "eos": args.eos, "no_stream": args.no_stream,
+            "temperature": args.temperature, "seed": args.seed, "base_seed": args.seed}
     prompts = json.load(open(args.prompts)) if args.prompts else None
 
     def prompt(i):
@@ -131,12 +148,15 @@ async def main():
             return prompts[i % len(prompts)]
         return " ".join(f"word{(i * 7 + j) % 50}" for j in range(args.prompt_words)) + f" stream {i}"
 
-    results = []
+    results, texts = [], [] if args.save_texts else None
     t0 = time.perf_counter()
     await asyncio.gather(*(
-        client(args.url, args.model, prompt(i), args.max_tokens, args.requests, results, opts)
+        client(args.url, args.model, prompt(i), args.max_tokens, args.requests, results, opts, texts, i)
         for i in range(args.streams)))
     wall = time.perf_counter() - t0
+    if texts is not None:
+        texts.sort(key=lambda t: (t["stream"], t["request"]))
+        json.dump(texts, open(args.save_texts, "w"))
     ttft = [s[0] - t for t, s, _ in results if s and not args.no_stream]
     itl = [b - a for _, s, _ in results for a, b in zip(s, s[1:])]
     chunks = sum(len(s) for _, s, _ in results)

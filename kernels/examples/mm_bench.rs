@@ -2,6 +2,11 @@
 //! `MM_DTYPES=q4_K,q6_K,q5_0`) with the CPU kernels, for a few row counts: the per-row cost shows
 //! whether multi-row tiles amortise the weight reads.
 //!
+//! `MM_ROWS=1,2,5,9` times those row counts instead of 1, 4, 16 and 64 (a speculative verification
+//! step multiplies 2–9 rows a sequence); `MM_ROUNDS=20` splits the timing into rounds that alternate
+//! the row counts and prints each count's median (min–max) over them and its ratio to the first count;
+//! `CPU_TIME=1` times the calling thread's CPU time instead of the wall clock (with THREADS 1).
+//!
 //! `cargo run --release -p modelfleet-kernels --example mm_bench -- [K N THREADS [COPIES]]` (COPIES
 //! distinct weight matrices used in turn; enough of them to overflow the caches time products whose
 //! weights stream from memory, as in decode). Formats without a quantizer here (all quantized ones but
@@ -23,6 +28,17 @@ fn main() {
     let vals: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5)
         .collect();
+    let row_counts: Vec<usize> = std::env::var("MM_ROWS")
+        .unwrap_or_else(|_| "1,4,16,64".into())
+        .split(',')
+        .filter_map(|r| r.parse().ok())
+        .collect();
+    let cpu_time = std::env::var_os("CPU_TIME").is_some();
+    let rounds: usize = std::env::var("MM_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let names = std::env::var("MM_DTYPES").unwrap_or_else(|_| "f32,f16,q8_0".into());
     for name in names.split(',') {
         let dtype = parse_dtype(name);
@@ -31,32 +47,80 @@ fn main() {
         let ws: Vec<_> = (0..copies)
             .map(|_| kern.upload(&weight(&vals, n, k, dtype)))
             .collect();
-        for rows in [1usize, 4, 16, 64] {
-            let x = vec![0.25f32; rows * k];
-            let mut xb = kern.alloc(rows * k);
-            xb.copy_from_slice(&x);
-            let mut out = kern.alloc(rows * n);
-            let iters = (4000 / rows).max(20);
-            kern.scope(|| {
-                for w in ws.iter().cycle().take(10) {
-                    kern.matmul(&xb, rows, w, None, &mut out);
+        let mut bufs: Vec<_> = row_counts
+            .iter()
+            .map(|&rows| {
+                let mut xb = kern.alloc(rows * k);
+                xb.copy_from_slice(&vec![0.25f32; rows * k]);
+                (xb, kern.alloc(rows * n))
+            })
+            .collect();
+        // Rounds in which every row count takes its turn: a drift of the machine's speed reaches all
+        // of them alike, and each round's time of r rows is also divided by that round's first count.
+        let mut per: Vec<Vec<f64>> = vec![Vec::new(); row_counts.len()];
+        for round in 0..=rounds {
+            for (i, &rows) in row_counts.iter().enumerate() {
+                let (xb, out) = &mut bufs[i];
+                let iters = (4000 / rows / rounds).max(4);
+                let (t, c) = (Instant::now(), thread_cpu_seconds());
+                kern.scope(|| {
+                    for w in ws.iter().cycle().take(iters) {
+                        kern.matmul(xb, rows, w, None, out);
+                    }
+                });
+                let secs = if cpu_time {
+                    thread_cpu_seconds() - c
+                } else {
+                    t.elapsed().as_secs_f64()
+                };
+                if round > 0 {
+                    per[i].push(secs / iters as f64); // round 0 warms up
                 }
-            });
-            let t = Instant::now();
-            kern.scope(|| {
-                for w in ws.iter().cycle().take(iters) {
-                    kern.matmul(&xb, rows, w, None, &mut out);
-                }
-            });
-            let per = t.elapsed().as_secs_f64() / iters as f64;
+            }
+        }
+        for (i, &rows) in row_counts.iter().enumerate() {
+            let ratios: Vec<f64> = per[i].iter().zip(&per[0]).map(|(t, f)| t / f).collect();
+            let t = median(&per[i]);
             println!(
-                "{dtype} {rows:>3} rows: {:>8.1} µs per product, {:>6.1} µs per row, {:>5.1} GMAC/s",
-                per * 1e6,
-                per * 1e6 / rows as f64,
-                (rows * k * n) as f64 / per / 1e9
+                "{dtype} {rows:>3} rows: {:>8.1} µs per product ({:.1}–{:.1}), {:>6.1} µs per row, {:>5.1} \
+                 GMAC/s, × {} rows {:.2} ({:.2}–{:.2})",
+                t * 1e6,
+                min(&per[i]) * 1e6,
+                max(&per[i]) * 1e6,
+                t * 1e6 / rows as f64,
+                (rows * k * n) as f64 / t / 1e9,
+                row_counts[0],
+                median(&ratios),
+                min(&ratios),
+                max(&ratios),
             );
         }
     }
+}
+
+/// The calling thread's CPU time in seconds.
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; the clock id is a constant the kernel knows.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn min(xs: &[f64]) -> f64 {
+    xs.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max(xs: &[f64]) -> f64 {
+    xs.iter().copied().fold(0.0, f64::max)
 }
 
 /// A dtype by its GGML name.

@@ -1,13 +1,15 @@
-//! Paged causal attention on the CPU: each (row, KV head) task walks its sequence's blocks in position
-//! order with an online (running-max) softmax for every query head of that KV head, never
-//! materialising the attention matrix.
+//! Paged causal attention on the CPU: each walk (`attention_plan.rs`: consecutive rows of one
+//! sequence × the query heads of one KV head) goes through its sequence's blocks in position order with
+//! an online (running-max) softmax for every query vector it carries, never materialising the
+//! attention matrix.
 //!
 //! Invariants: the query at position `p` attends to positions `0..=p` of its own sequence only; the
 //! walk is in position order in chunks of at most [`CHUNK`] positions that never straddle a block, so
 //! the arithmetic for one (row, head) depends only on that row's query and the cached K/V — not on the
-//! batch, the other rows of a prefill chunk, or thread scheduling. A token's output is therefore the same
-//! whether it was computed in a prefill chunk or as a decode step. Every quantity is a per-element chain
-//! in a fixed order, so 8-lane (AVX2), 16-lane (AVX-512) and scalar code give the same bits:
+//! batch, the other rows of a prefill chunk, the walk it shares, or thread scheduling. A token's output
+//! is therefore the same whether it was computed in a prefill chunk, a verification chunk or as a
+//! decode step. Every quantity is a per-element chain in a fixed order, so 8-lane (AVX2), 16-lane
+//! (AVX-512) and scalar code give the same bits:
 //! - a score is `s = fma(q[d], k[d], s)` for `d = 0..head_dim` in order from 0, then `s · scale`; the
 //!   keys are stored transposed within a block ([`KvLayout::key_offset`]), so a vector register holds one
 //!   dimension of consecutive keys and scores W keys at once, with no horizontal sums;
@@ -15,24 +17,36 @@
 //!   `acc = acc · e^(m − m')`, then `acc[d] = fma(p_i, v_i[d], acc[d])` for the chunk's keys in order;
 //! - finally `out = acc · (1 / l)`.
 //!
+//! Several rows of one sequence share a walk up to the last chunk boundary their contexts have in
+//! common (every chunk before it is the same whole chunk for each of them), then each row finishes its
+//! own last chunks alone: so each cached key and value is loaded and widened once per walk, not once
+//! per row, and a verification step of 1 + k rows costs far less than 1 + k decode steps.
+//!
 //! Design: the CPU analogue of FlashAttention's / vLLM PagedAttention's inner loop (Dao et al. 2022;
-//! Kwon et al. 2023; vLLM also keeps keys and values in different layouts). The query heads that share
-//! a KV head run together, so each cached key and value is loaded once for all of them, and two chunks'
-//! scores are computed together for more independent chains.
+//! Kwon et al. 2023; vLLM also keeps keys and values in different layouts). The query vectors of a
+//! walk run together, so each cached key and value is loaded once for all of them, and when they are
+//! few two chunks' scores are computed together for more independent chains.
 
+use super::matmul::OutPtr;
 use super::pool;
 use super::simd::{self, Isa, Portable, Simd};
 use crate::layout::{AttnHeads, AttnSeq, KvDType, KvLayout};
+#[cfg(target_arch = "x86_64")]
+use lanes::Sixteen;
+use lanes::{Eight, KvElem, Lanes};
+use plan::{MAX_VECTORS, Walk};
+
+#[path = "attention_lanes.rs"]
+mod lanes;
+#[path = "attention_plan.rs"]
+mod plan;
 
 /// Positions scored at a time (one online-softmax update).
 const CHUNK: usize = 32;
 
-/// Most query heads one pass handles (larger groups run in pieces).
-const MAX_G: usize = 4;
-
-/// What one (row, KV head) task needs; `E` is the cache's element (`f32`, or `u16` holding f16 bits).
+/// What one walk needs; `E` is the cache's element (`f32`, or `u16` holding f16 bits).
 struct Task<'a, E> {
-    /// The query heads of this KV head, one after another.
+    /// The walk's query vectors (rows × heads of one KV head), one after another.
     q: &'a [f32],
     block_table: &'a [u32],
     pos: usize,
@@ -73,16 +87,18 @@ impl<E> Task<'_, E> {
     /// only pick up a few lines into each block.
     #[inline(always)]
     fn prefetch<S: Simd>(&self, c: Chunk, values: bool) {
+        // One hint per cache line: the chunk's keys (its slots of every dimension row, the rows in
+        // between too) and its values are each one range of the cache.
+        let step = (64 / std::mem::size_of::<E>()).max(1);
+        let lines = |base: *const E, len: usize| {
+            for off in (0..len).step_by(step).chain(std::iter::once(len - 1)) {
+                S::prefetch(base.wrapping_add(off).cast());
+            }
+        };
         let (hd, bs) = (self.layout.head_dim, self.layout.block_size);
-        for d in 0..hd {
-            for off in (0..c.len).step_by(16) {
-                S::prefetch(self.k_cache.as_ptr().wrapping_add(c.k + d * bs + off).cast());
-            }
-        }
+        lines(self.k_cache.as_ptr().wrapping_add(c.k), (hd - 1) * bs + c.len);
         if values {
-            for off in (0..c.len * hd).step_by(16) {
-                S::prefetch(self.v_cache.as_ptr().wrapping_add(c.v + off).cast());
-            }
+            lines(self.v_cache.as_ptr().wrapping_add(c.v), c.len * hd);
         }
     }
 }
@@ -130,10 +146,11 @@ fn attend<E: KvElem>(
 ) {
     let hd = heads.head_dim;
     let group = heads.num_heads / heads.num_kv_heads;
-    // Row -> (sequence, position).
+    let width = heads.num_heads * hd;
     let rows: usize = seqs.iter().map(|s| s.row_start + s.num_rows).max().unwrap_or(0);
-    let mut row_seq = vec![(usize::MAX, 0usize); rows];
-    for (i, s) in seqs.iter().enumerate() {
+    // Rows no sequence claims get zeros.
+    let mut claimed = vec![false; rows];
+    for s in seqs {
         assert!(
             s.block_table.len() * layout.block_size >= s.first_pos + s.num_rows,
             "block table too short"
@@ -142,311 +159,228 @@ fn attend<E: KvElem>(
             s.block_table.iter().all(|&b| (b as usize) < layout.num_blocks),
             "block outside the cache"
         );
-        for j in 0..s.num_rows {
-            row_seq[s.row_start + j] = (i, s.first_pos + j);
-        }
+        claimed[s.row_start..s.row_start + s.num_rows].fill(true);
     }
-    let width = heads.num_heads * hd;
-    pool::for_each_chunk(&mut out[..rows * width], group * hd, 1, |idx, acc| {
-        let (row, kv_head) = (idx / heads.num_kv_heads, idx % heads.num_kv_heads);
-        let (seq, pos) = row_seq[row];
-        if seq == usize::MAX {
-            acc.fill(0.0);
-            return;
-        }
-        let first = row * width + kv_head * group * hd;
+    assert!(
+        q.len() >= rows * width && out.len() >= rows * width,
+        "attention buffers too short"
+    );
+    for (r, _) in claimed.iter().enumerate().filter(|(_, c)| !**c) {
+        out[r * width..(r + 1) * width].fill(0.0);
+    }
+    let per_seq: Vec<usize> = seqs.iter().map(|s| s.num_rows).collect();
+    let walks = plan::plan(&per_seq, heads.num_kv_heads, group, pool::threads());
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    pool::for_each(walks.len(), |i| {
+        let w = walks[i];
+        let s = &seqs[w.seq];
         let task = Task {
-            q: &q[first..first + group * hd],
-            block_table: seqs[seq].block_table,
-            pos,
-            kv_head,
+            q: &[],
+            block_table: s.block_table,
+            pos: s.first_pos + w.row,
+            kv_head: w.kv_head,
             layout,
             k_cache,
             v_cache,
             scale: heads.scale,
         };
-        // Query heads in pieces of at most MAX_G.
-        let mut h = 0;
-        while h < group {
-            let n = (group - h).min(MAX_G);
-            let piece = Task {
-                q: &task.q[h * hd..(h + n) * hd],
-                ..task
-            };
-            // SAFETY: the ISA was detected on this CPU; the cache offsets were checked above (block
-            // ids, layout length) and every read stays within one block of one head.
-            unsafe { run(isa, n, &piece, &mut acc[h * hd..(h + n) * hd]) };
-            h += n;
-        }
+        // Where vector (r, h) of the walk lives in `q` and `out`.
+        let at =
+            |r: usize, h: usize| (s.row_start + w.row + r) * width + (w.kv_head * group + w.head + h) * hd;
+        // SAFETY: the ISA was detected on this CPU; the cache offsets were checked above (block ids,
+        // layout length); `at` stays below `rows · width` (`q` and `out` hold that many, checked above),
+        // and the walks write disjoint (row, head) vectors of `out` (`plan`'s invariant), which nothing
+        // else reads during the loop.
+        unsafe { walk_rows(isa, &task, w, q, at, out_ptr) };
     });
 }
 
-/// `n ≤ MAX_G` query heads of one KV head with the widest lanes of `isa`.
+/// Runs walk `w` (its task's `pos` is its first row's position): the rows' query vectors gathered,
+/// their common chunks walked together, each row's own last chunks alone, the results scattered.
 ///
 /// # Safety
-/// This CPU has `isa`'s extensions (`Isa`'s invariant); `1 ≤ n ≤ MAX_G` and `t.q` holds exactly `n`
-/// heads (`n · head_dim` values); `t` meets the rest of [`heads`]' contract.
-unsafe fn run<E: KvElem>(isa: Isa, n: usize, t: &Task<'_, E>, out: &mut [f32]) {
-    macro_rules! by_heads {
+/// As for [`run`]; `at(r, h)` is the offset of vector (r, h) in `q` and in `out`, whose `head_dim`
+/// values there belong to this walk alone.
+unsafe fn walk_rows<E: KvElem>(
+    isa: Isa,
+    t: &Task<'_, E>,
+    w: Walk,
+    q: &[f32],
+    at: impl Fn(usize, usize) -> usize,
+    out: OutPtr,
+) {
+    let hd = t.layout.head_dim;
+    let v = w.vectors();
+    let mut qs = vec![0.0f32; v * hd];
+    for r in 0..w.rows {
+        for h in 0..w.heads {
+            qs[(r * w.heads + h) * hd..][..hd].copy_from_slice(&q[at(r, h)..at(r, h) + hd]);
+        }
+    }
+    let mut acc = vec![0.0f32; v * hd];
+    let (mut m, mut l) = ([f32::NEG_INFINITY; MAX_VECTORS], [0.0f32; MAX_VECTORS]);
+    // The last whole-chunk boundary at or before the first row's end: every row's walk passes it.
+    let (bs, n_ctx) = (t.layout.block_size, t.pos + 1);
+    let mut joint = 0;
+    while joint < n_ctx {
+        let next = joint + (bs - joint % bs).min(CHUNK);
+        if next > n_ctx {
+            break;
+        }
+        joint = next;
+    }
+    if w.rows > 1 && joint > 0 {
+        let shared = Task {
+            q: &qs,
+            pos: joint - 1,
+            ..*t
+        };
+        // SAFETY: our contract; `qs` holds the walk's `v` vectors and `acc`, `m`, `l` as many.
+        unsafe { run(isa, v, &shared, 0, (&mut m[..v], &mut l[..v]), &mut acc, false) };
+    } else {
+        joint = 0;
+    }
+    for r in 0..w.rows {
+        let (lo, hi) = (r * w.heads, (r + 1) * w.heads);
+        let row = Task {
+            q: &qs[lo * hd..hi * hd],
+            pos: t.pos + r,
+            ..*t
+        };
+        // SAFETY: our contract; row `r`'s `heads` vectors and their state.
+        unsafe {
+            run(
+                isa,
+                w.heads,
+                &row,
+                joint,
+                (&mut m[lo..hi], &mut l[lo..hi]),
+                &mut acc[lo * hd..hi * hd],
+                true,
+            )
+        };
+        for h in 0..w.heads {
+            let src = &acc[(lo + h) * hd..(lo + h + 1) * hd];
+            // SAFETY: `at(r, h) .. + hd` is this walk's part of `out` (our contract).
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.at(at(r, h)), hd) };
+        }
+    }
+}
+
+/// Walks `n ≤ MAX_VECTORS` query vectors (`t.q`) over positions `from..=t.pos` with the widest lanes
+/// of `isa`, continuing the running maxima and sums `state` and the accumulators `out` (`n · head_dim`
+/// values); with `finish`, divides the accumulators by the sums at the end.
+///
+/// # Safety
+/// This CPU has `isa`'s extensions (`Isa`'s invariant); `t.q` holds exactly `n` vectors; `state`'s
+/// slices hold `n` values; `from` is 0 or a whole-chunk boundary of `t`'s walk (see [`Task::chunk`]);
+/// `t` meets the rest of [`walk`]'s contract.
+unsafe fn run<E: KvElem>(
+    isa: Isa,
+    n: usize,
+    t: &Task<'_, E>,
+    from: usize,
+    state: (&mut [f32], &mut [f32]),
+    out: &mut [f32],
+    finish: bool,
+) {
+    let s = State { from, state, finish };
+    macro_rules! by_vectors {
         ($f:ident) => {
             match n {
-                1 => $f::<E, 1>(t, out),
-                2 => $f::<E, 2>(t, out),
-                3 => $f::<E, 3>(t, out),
-                _ => $f::<E, 4>(t, out),
+                1 => $f::<E, 1>(t, s, out),
+                2 => $f::<E, 2>(t, s, out),
+                3 => $f::<E, 3>(t, s, out),
+                4 => $f::<E, 4>(t, s, out),
+                5 => $f::<E, 5>(t, s, out),
+                6 => $f::<E, 6>(t, s, out),
+                7 => $f::<E, 7>(t, s, out),
+                8 => $f::<E, 8>(t, s, out),
+                9 => $f::<E, 9>(t, s, out),
+                10 => $f::<E, 10>(t, s, out),
+                11 => $f::<E, 11>(t, s, out),
+                12 => $f::<E, 12>(t, s, out),
+                13 => $f::<E, 13>(t, s, out),
+                14 => $f::<E, 14>(t, s, out),
+                15 => $f::<E, 15>(t, s, out),
+                _ => $f::<E, 16>(t, s, out),
             }
         };
     }
     // SAFETY: `Isa::Avx512` / `Isa::Avx2` are only held where their extensions were found (our
-    // contract), which covers what `run_avx512` / `run_avx2` enable; `by_heads!` picks `G = n` for
-    // `n` in 1..=MAX_G, so `t.q` holds the `G` heads `heads` expects, and its other terms are ours.
+    // contract), which covers what `run_avx512` / `run_avx2` enable; `by_vectors!` picks `G = n` for
+    // `n` in 1..=MAX_VECTORS, so `t.q` holds the `G` vectors `walk` expects, and its other terms are ours.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => by_heads!(run_avx512),
+            Isa::Avx512 => by_vectors!(run_avx512),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => by_heads!(run_avx2),
-            _ => by_heads!(run_portable),
+            Isa::Avx2 => by_vectors!(run_avx2),
+            _ => by_vectors!(run_portable),
         }
     }
 }
 
-/// # Safety
-/// As for [`heads`] (no CPU extension needed).
-unsafe fn run_portable<E: KvElem, const G: usize>(t: &Task<'_, E>, out: &mut [f32]) {
-    // SAFETY: the portable lanes need no CPU extension; the rest of `heads`' contract is ours.
-    unsafe { heads::<Eight<Portable>, Portable, E, G, 2>(t, out) }
+/// Where a walk starts and what it continues (see [`run`]).
+struct State<'a> {
+    from: usize,
+    state: (&'a mut [f32], &'a mut [f32]),
+    finish: bool,
 }
 
 /// # Safety
-/// AVX2, FMA and F16C must be available; otherwise as for [`heads`].
+/// As for [`walk`] (no CPU extension needed).
+unsafe fn run_portable<E: KvElem, const G: usize>(t: &Task<'_, E>, s: State<'_>, out: &mut [f32]) {
+    // SAFETY: the portable lanes need no CPU extension; the rest of `walk`'s contract is ours.
+    unsafe { walk::<Eight<Portable>, Portable, E, G, 2>(t, s, out) }
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available; otherwise as for [`walk`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_avx2<E: KvElem, const G: usize>(t: &Task<'_, E>, out: &mut [f32]) {
+unsafe fn run_avx2<E: KvElem, const G: usize>(t: &Task<'_, E>, s: State<'_>, out: &mut [f32]) {
     // SAFETY: `Eight<Avx2>` and `Avx2`'s exponential need AVX2/FMA/F16C, which this function enables
-    // and our caller guarantees (`# Safety`); the rest of `heads`' contract is ours.
-    unsafe { heads::<Eight<simd::Avx2>, simd::Avx2, E, G, 2>(t, out) }
+    // and our caller guarantees (`# Safety`); the rest of `walk`'s contract is ours.
+    unsafe { walk::<Eight<simd::Avx2>, simd::Avx2, E, G, 2>(t, s, out) }
 }
 
 /// # Safety
-/// AVX-512F/VL, AVX2, FMA and F16C must be available; otherwise as for [`heads`].
+/// AVX-512F/VL, AVX2, FMA and F16C must be available; otherwise as for [`walk`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-unsafe fn run_avx512<E: KvElem, const G: usize>(t: &Task<'_, E>, out: &mut [f32]) {
+unsafe fn run_avx512<E: KvElem, const G: usize>(t: &Task<'_, E>, s: State<'_>, out: &mut [f32]) {
     // SAFETY: `Sixteen` needs AVX-512F and `Avx2`'s exponential AVX2/FMA/F16C, all enabled here and
-    // guaranteed by our caller (`# Safety`); the rest of `heads`' contract is ours.
-    unsafe { heads::<Sixteen, simd::Avx2, E, G, 4>(t, out) }
+    // guaranteed by our caller (`# Safety`); the rest of `walk`'s contract is ours.
+    unsafe { walk::<Sixteen, simd::Avx2, E, G, 4>(t, s, out) }
 }
 
-/// The vector registers the kernel runs on: `W` f32 lanes.
+/// `G` query vectors (`t.q` holds them; `out` is as long) over positions `s.from..=t.pos`, value
+/// vectors `P` at a time (fewer when many query vectors share the registers). `S` supplies the
+/// exponential (the same 8-lane code whatever `L`, so every ISA gives the same bits).
 ///
 /// # Safety
-/// Every `unsafe fn` here needs the implementation's instruction set: `Eight<S>` that of `S` (see
-/// [`Simd`]), [`Sixteen`] AVX-512F (the tiles run inside `run_avx512`). The pointer methods also need
-/// the memory of their `W` lanes (any alignment).
-trait Lanes: Copy {
-    const W: usize;
-    type V: Copy;
-    /// All lanes zero.
-    ///
-    /// # Safety
-    /// `Self`'s instruction set must be available (see [`Lanes`]).
-    unsafe fn zero() -> Self::V;
-    /// All lanes `x`.
-    ///
-    /// # Safety
-    /// `Self`'s instruction set must be available.
-    unsafe fn splat(x: f32) -> Self::V;
-    /// `W` f32 from `p`.
-    ///
-    /// # Safety
-    /// `p..p + W` must be readable (any alignment); `Self`'s instruction set available.
-    unsafe fn load(p: *const f32) -> Self::V;
-    /// `W` f16 (as bits) from `p`, widened exactly.
-    ///
-    /// # Safety
-    /// `p..p + W` must be readable (any alignment); `Self`'s instruction set available.
-    unsafe fn load_f16(p: *const u16) -> Self::V;
-    /// `W` f32 to `p`.
-    ///
-    /// # Safety
-    /// `p..p + W` must be writable (any alignment); `Self`'s instruction set available.
-    unsafe fn store(p: *mut f32, v: Self::V);
-    /// `a · b + c`, fused exactly when [`Lanes::scalar_fma`] is.
-    ///
-    /// # Safety
-    /// `Self`'s instruction set must be available.
-    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// `a · b`.
-    ///
-    /// # Safety
-    /// `Self`'s instruction set must be available.
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
-    fn scalar_fma(a: f32, b: f32, c: f32) -> f32;
-}
-
-/// Eight lanes of a [`Simd`] implementation.
-#[derive(Clone, Copy)]
-struct Eight<S>(std::marker::PhantomData<S>);
-
-impl<S: Simd> Lanes for Eight<S> {
-    const W: usize = 8;
-    type V = S::V;
-    #[inline(always)]
-    unsafe fn zero() -> S::V {
-        // SAFETY: `Lanes`' contract for `Eight<S>` is `S`'s instruction set, all `S::zero` needs.
-        unsafe { S::zero() }
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> S::V {
-        // SAFETY: `Lanes`' contract for `Eight<S>` is `S`'s instruction set, all `S::splat` needs.
-        unsafe { S::splat(x) }
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> S::V {
-        // SAFETY: with `W = 8`, `Lanes::load`'s contract (8 readable f32 at `p`, `S` available) is
-        // `S::load`'s.
-        unsafe { S::load(p) }
-    }
-    #[inline(always)]
-    unsafe fn load_f16(p: *const u16) -> S::V {
-        // SAFETY: with `W = 8`, `Lanes::load_f16`'s contract (8 readable u16 at `p`, `S` available) is
-        // `S::load_f16`'s.
-        unsafe { S::load_f16(p) }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: S::V) {
-        // SAFETY: with `W = 8`, `Lanes::store`'s contract (8 writable f32 at `p`, `S` available) is
-        // `S::store`'s.
-        unsafe { S::store(p, v) }
-    }
-    #[inline(always)]
-    unsafe fn fma(a: S::V, b: S::V, c: S::V) -> S::V {
-        // SAFETY: `Lanes`' contract for `Eight<S>` is `S`'s instruction set, all `S::mul_add` needs.
-        unsafe { S::mul_add(a, b, c) }
-    }
-    #[inline(always)]
-    unsafe fn mul(a: S::V, b: S::V) -> S::V {
-        // SAFETY: `Lanes`' contract for `Eight<S>` is `S`'s instruction set, all `S::mul` needs.
-        unsafe { S::mul(a, b) }
-    }
-    #[inline(always)]
-    fn scalar_fma(a: f32, b: f32, c: f32) -> f32 {
-        S::scalar_mul_add(a, b, c)
-    }
-}
-
-/// Sixteen AVX-512 lanes.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct Sixteen;
-
-#[cfg(target_arch = "x86_64")]
-impl Lanes for Sixteen {
-    const W: usize = 16;
-    type V = std::arch::x86_64::__m512;
-    #[inline(always)]
-    unsafe fn zero() -> Self::V {
-        // SAFETY: AVX-512F is available (`Lanes`' contract for `Sixteen`).
-        unsafe { std::arch::x86_64::_mm512_setzero_ps() }
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> Self::V {
-        // SAFETY: AVX-512F is available (`Lanes`' contract for `Sixteen`).
-        unsafe { std::arch::x86_64::_mm512_set1_ps(x) }
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self::V {
-        // SAFETY: 16 f32 at `p` are readable and AVX-512F is available (`Lanes::load`'s contract);
-        // `loadu` needs no alignment.
-        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn load_f16(p: *const u16) -> Self::V {
-        use std::arch::x86_64::*;
-        // SAFETY: 16 u16 at `p` are the 32 readable bytes the unaligned `_mm256_loadu_si256` reads
-        // (`Lanes::load_f16`'s contract); `_mm512_cvtph_ps` needs AVX-512F, which the contract gives.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: Self::V) {
-        // SAFETY: 16 f32 at `p` are writable and AVX-512F is available (`Lanes::store`'s contract);
-        // `storeu` needs no alignment.
-        unsafe { std::arch::x86_64::_mm512_storeu_ps(p, v) }
-    }
-    #[inline(always)]
-    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-        // SAFETY: AVX-512F is available (`Lanes`' contract for `Sixteen`).
-        unsafe { std::arch::x86_64::_mm512_fmadd_ps(a, b, c) }
-    }
-    #[inline(always)]
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: AVX-512F is available (`Lanes`' contract for `Sixteen`).
-        unsafe { std::arch::x86_64::_mm512_mul_ps(a, b) }
-    }
-    #[inline(always)]
-    fn scalar_fma(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
-}
-
-/// A cache element: `f32`, or `u16` holding the bits of an f16 (widened exactly when read).
-trait KvElem: Copy + Send + Sync {
-    /// `L::W` elements from `p` as f32 lanes.
-    ///
-    /// # Safety
-    /// `p..p + L::W` must be readable (any alignment) and `L`'s instruction set available.
-    unsafe fn load<L: Lanes>(p: *const Self) -> L::V;
-    fn to_f32(self) -> f32;
-}
-
-impl KvElem for f32 {
-    #[inline(always)]
-    unsafe fn load<L: Lanes>(p: *const f32) -> L::V {
-        // SAFETY: `KvElem::load`'s contract (`L::W` readable f32 at `p`, `L` available) is `L::load`'s.
-        unsafe { L::load(p) }
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-}
-
-impl KvElem for u16 {
-    #[inline(always)]
-    unsafe fn load<L: Lanes>(p: *const u16) -> L::V {
-        // SAFETY: `KvElem::load`'s contract (`L::W` readable u16 at `p`, `L` available) is
-        // `L::load_f16`'s.
-        unsafe { L::load_f16(p) }
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        half::f16::from_bits(self).to_f32()
-    }
-}
-
-/// `G` query heads of one KV head (`t.q` holds them; `out` is as long), value vectors `P` at a time.
-/// `S` supplies the exponential (the same 8-lane code whatever `L`, so every ISA gives the same bits).
-///
-/// # Safety
-/// `L`'s and `S`'s instruction sets are available; `t.q` holds exactly `G · head_dim` values; and `t`
-/// is consistent with its cache, as `paged_attention` and `attend` check: `t.kv_head <
+/// `L`'s and `S`'s instruction sets are available; `t.q` holds exactly `G · head_dim` values and
+/// `s.state`'s slices `G` values; `s.from` is 0 or a whole-chunk boundary at or before `t.pos + 1`; and
+/// `t` is consistent with its cache, as `paged_attention` and `attend` check: `t.kv_head <
 /// t.layout.num_kv_heads`, every block of `t.block_table` is below `t.layout.num_blocks`, and
 /// `t.k_cache` and `t.v_cache` hold at least `t.layout.len()` elements.
 #[inline(always)]
-unsafe fn heads<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
+unsafe fn walk<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
     t: &Task<'_, E>,
+    s: State<'_>,
     out: &mut [f32],
 ) {
     let hd = t.layout.head_dim;
-    debug_assert_eq!(t.q.len(), G * hd, "query heads of the task");
-    out[..G * hd].fill(0.0);
-    let mut m = [f32::NEG_INFINITY; G];
-    let mut l = [0.0f32; G];
+    debug_assert_eq!(t.q.len(), G * hd, "query vectors of the walk");
+    let (m_io, l_io) = s.state;
+    let mut m: [f32; G] = std::array::from_fn(|g| m_io[g]);
+    let mut l: [f32; G] = std::array::from_fn(|g| l_io[g]);
+    let out = &mut out[..G * hd];
     let mut scores = [[0.0f32; 2 * CHUNK]; G];
     let mut probs = [[0.0f32; CHUNK]; G];
     let n_ctx = t.pos + 1;
-    let mut start = 0;
+    let mut start = s.from;
     while start < n_ctx {
         // Two chunks at a time: their scores are computed together (twice the independent chains).
         let a = t.chunk(start);
@@ -462,36 +396,75 @@ unsafe fn heads<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
         // and has at most CHUNK keys; `L` is available and `t` consistent (our contract).
         unsafe { score_chunks::<L, E, G>(t, a, b, &mut scores) };
         for (c, at) in [(a, 0)].into_iter().chain(b.map(|c| (c, CHUNK))) {
-            for g in 0..G {
-                let s = &scores[g][at..at + c.len];
-                let cmax = s.iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
-                let m_new = m[g].max(cmax);
-                // An unchanged maximum rescales by e^0 = 1 exactly: skipped, with the same result.
-                if m_new != m[g] {
-                    let corr = (m[g] - m_new).exp();
-                    l[g] *= corr;
-                    // SAFETY: `S` is available (our contract); `scale` stays within the checked
-                    // slice `out[g·hd..(g + 1)·hd]`.
-                    unsafe { simd::scale::<S>(corr, &mut out[g * hd..(g + 1) * hd]) };
-                }
-                // SAFETY: `S` is available (our contract); `exp_shifted` stays within the checked
-                // slices `s` and `probs[g][..c.len]`.
-                unsafe { simd::exp_shifted::<S>(s, m_new, &mut probs[g][..c.len]) };
-                for &p in &probs[g][..c.len] {
-                    l[g] += p;
-                }
-                m[g] = m_new;
-            }
-            // SAFETY: `c` is a chunk of `t` (from `t.chunk`), `out` holds `G · hd` values (the `fill`
-            // above checked it), `L` is available and `t` consistent (our contract).
+            // SAFETY: `S` is available (our contract); `at + c.len ≤ 2 · CHUNK` and `c.len ≤ CHUNK`;
+            // `out` holds `G` vectors of `hd`.
+            unsafe { softmax_step::<L, S, G>(&scores, at, c.len, (&mut m, &mut l), out, &mut probs) };
+            // SAFETY: `c` is a chunk of `t` (from `t.chunk`), `out` holds `G · hd` values, `L` is
+            // available and `t` consistent (our contract).
             unsafe { values::<L, E, G, P>(t, c, &probs, out) };
         }
         start = next;
     }
+    if s.finish {
+        for g in 0..G {
+            // SAFETY: `S` is available (our contract); `scale` stays within `out`'s `g`-th vector.
+            unsafe { simd::scale::<S>(1.0 / l[g], &mut out[g * hd..(g + 1) * hd]) };
+        }
+    }
+    m_io[..G].copy_from_slice(&m);
+    l_io[..G].copy_from_slice(&l);
+}
+
+/// One chunk's online-softmax update of every query vector `g`: its scores `scores[g][at..at + len]`
+/// raise its running maximum `m[g]` (its accumulators in `out` and its sum `l[g]` rescaled by
+/// `e^(m − m')` when it moves), and `probs[g][..len]` gets `e^(s − m')` ([`Lanes::exp`], whole
+/// registers: the lanes past `len` are computed and never read), added to `l[g]` in order.
+/// The vectors' maxima and sums are folded side by side (each still in key order), so their chains
+/// overlap instead of waiting on one another.
+///
+/// # Safety
+/// `L`'s and `S`'s instruction sets are available; `at + len ≤ 2 · CHUNK`, `len ≤ CHUNK`, `at` a
+/// multiple of `L::W`; `out` holds `G` vectors.
+#[inline(always)]
+unsafe fn softmax_step<L: Lanes, S: Simd, const G: usize>(
+    scores: &[[f32; 2 * CHUNK]; G],
+    at: usize,
+    len: usize,
+    (m, l): (&mut [f32; G], &mut [f32; G]),
+    out: &mut [f32],
+    probs: &mut [[f32; CHUNK]; G],
+) {
+    let hd = out.len() / G;
+    let mut cmax = [f32::NEG_INFINITY; G];
+    for i in at..at + len {
+        for (c, s) in cmax.iter_mut().zip(scores) {
+            *c = c.max(s[i]);
+        }
+    }
     for g in 0..G {
-        // SAFETY: `S` is available (our contract); `scale` stays within the checked slice
-        // `out[g·hd..(g + 1)·hd]`.
-        unsafe { simd::scale::<S>(1.0 / l[g], &mut out[g * hd..(g + 1) * hd]) };
+        let m_new = m[g].max(cmax[g]);
+        // An unchanged maximum rescales by e^0 = 1 exactly: skipped, with the same result.
+        if m_new != m[g] {
+            let corr = (m[g] - m_new).exp();
+            l[g] *= corr;
+            // SAFETY: `S` is available (our contract); the slice is `out`'s `g`-th vector.
+            unsafe { simd::scale::<S>(corr, &mut out[g * hd..(g + 1) * hd]) };
+        }
+        m[g] = m_new;
+        for i in (0..len).step_by(L::W) {
+            // SAFETY: `L` is available (our contract); `at + i + W ≤ at + CHUNK ≤ 2 · CHUNK` and
+            // `i + W ≤ CHUNK` (`i < len ≤ CHUNK`, both multiples of W, which divides CHUNK).
+            unsafe {
+                let shift = L::splat(m_new);
+                let x = L::load(scores[g].as_ptr().add(at + i));
+                L::store(probs[g].as_mut_ptr().add(i), L::exp(L::sub(x, shift)));
+            }
+        }
+    }
+    for i in 0..len {
+        for (l, p) in l.iter_mut().zip(probs.iter()) {
+            *l += p[i];
+        }
     }
 }
 
@@ -543,9 +516,14 @@ unsafe fn score_chunks<L: Lanes, E: KvElem, const G: usize>(
     // index is `at + off` with `off` a multiple of W below `c.len ≤ CHUNK` (W divides CHUNK), so
     // `at + off + W ≤ at + CHUNK ≤ 2·CHUNK`. That, `L`, and `t.q` of `G` heads are `score_groups`' terms.
     unsafe {
-        while i + 2 <= n {
+        // Pairs while few vectors leave registers for twice the accumulators.
+        while G <= 8 && i + 2 <= n {
             score_groups::<L, E, G, 2>(t, [groups[i], groups[i + 1]], scores);
             i += 2;
+        }
+        while G > 8 && i + 1 < n {
+            score_groups::<L, E, G, 1>(t, [groups[i]], scores);
+            i += 1;
         }
         if i < n {
             score_groups::<L, E, G, 1>(t, [groups[i]], scores);
@@ -615,9 +593,14 @@ unsafe fn values<L: Lanes, E: KvElem, const G: usize, const P: usize>(
     // `j..j + Q·W` with `j + Q·W ≤ hd` (the loop conditions); with `out` of `G · hd` values and `L`
     // available (our contract) that is all `values_pass` requires.
     unsafe {
-        while j + P * L::W <= hd {
+        // `P` vectors of dimensions at a time while `G · P` accumulators fit the registers, else 2.
+        while G * P <= 16 && j + P * L::W <= hd {
             values_pass::<L, E, G, P>(v, hd, c.len, j, probs, out);
             j += P * L::W;
+        }
+        while G * P > 16 && G <= 8 && j + 2 * L::W <= hd {
+            values_pass::<L, E, G, 2>(v, hd, c.len, j, probs, out);
+            j += 2 * L::W;
         }
         while j + L::W <= hd {
             values_pass::<L, E, G, 1>(v, hd, c.len, j, probs, out);

@@ -51,6 +51,7 @@ fn products_match_bf16_inputs_in_f64_and_every_row_alone_gives_the_same_bits() {
             (3, 63, 17),
             (8, 64, 48),
             (9, 576, 33),
+            (13, 96, 40),
             (20, 1536, 50),
             (64, 33, 100),
         ] {

@@ -1,5 +1,7 @@
 //! Quantized weight matrices (every format: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) repacked into
-//! panels of 16 rows for an outer-product integer matmul on AVX-512 VNNI: every weight byte decoded feeds up to 4 activation rows, and each output's block
+//! panels of 16 rows for an outer-product integer matmul on AVX-512 VNNI: every weight byte decoded
+//! feeds up to 6 activation rows (a speculative verification step of up to 6 rows reads and decodes
+//! the weights once, as a decode step does), and each output's block
 //! sum is finished in its own 32-bit lane (no horizontal reduction: one conversion and one FMA per
 //! block for 16 outputs), where the row-layout tiles (`qdot_avx512`) spend a conversion and an FMA
 //! per pair of blocks for every single output.
@@ -35,7 +37,7 @@
 //! minimums `acc += m · s_x` (Q4_K: `acc −= (dmin · m) · s_x`; `s_x = d_x · Σ x_q` rounded to f16, as
 //! ggml's `block_q8_1` and the row tiles hold it); units in order; the bias (0 without one) last. Q6_K's two sub-blocks of 16 each
 //! take their own sum (`OFFSET` applied to each half's `Σ x_q`) and FMA with `d · sc`.
-//! Invariants: each output is that chain, whatever the tile (1–4 rows, 1–4 panels), the batch or the
+//! Invariants: each output is that chain, whatever the tile (1–6 rows, 1–4 panels), the batch or the
 //! thread count, so a row's outputs are bit-identical alone or in any batch. It differs from the
 //! row-layout tiles in rounding order only (those fuse two blocks' lanes into one 16-lane sum).
 //!
@@ -470,26 +472,28 @@ pub(crate) fn matmul(x: &[f32], rows: usize, w: &QPanels, bias: Option<WeightDat
     let bias = &bias_f32;
     pool::for_each(panels.div_ceil(per_task), |t| {
         let (p0, p1) = (t * per_task, ((t + 1) * per_task).min(panels));
-        let mut r = 0;
-        while r < rows {
-            let tile = (rows - r).min(4);
-            let step = if tile == 1 { 4 } else { 2 };
+        for (r, tile) in x86::row_tiles(rows) {
+            let step = x86::panels_for(tile);
             let mut p = p0;
             while p < p1 {
                 let np = (p1 - p).min(step);
-                let mut acc = [[[0.0f32; NR]; 4]; 4];
-                let xs = &xq[r * nb..(r + tile) * nb];
-                let ss = &sums[r * nb..(r + tile) * nb];
-                let ws = &base[p * pb..(p + np) * pb];
-                // SAFETY: AVX-512 VNNI was asserted above; `ws` holds `np` whole panels of `nb`
-                // blocks of `w.kind`, `xs`/`ss` `tile` rows of `nb` blocks (the arguments' lengths).
-                unsafe { x86::tile_dispatch(w.kind, tile, np, nb, pb, ws, xs, ss, &mut acc) };
+                let mut acc = [[[0.0f32; NR]; x86::MP]; x86::MR];
+                let args = x86::TileArgs {
+                    kind: w.kind,
+                    nb,
+                    pb,
+                    ws: &base[p * pb..(p + np) * pb],
+                    xs: &xq[r * nb..(r + tile) * nb],
+                    ss: &sums[r * nb..(r + tile) * nb],
+                };
+                // SAFETY: AVX-512 VNNI was asserted above; `ws` holds `np ≤ panels_for(tile)` whole
+                // panels of `nb` blocks of `w.kind`, `xs`/`ss` `tile ≤ MR` rows of `nb` blocks.
+                unsafe { x86::tile_dispatch(&args, tile, np, &mut acc) };
                 // SAFETY: rows `r..r + tile` (`≤ rows`) × panels `p..p + np` (`≤ panels`) are this
                 // task's, and `out` holds `rows · n` values (checked above).
                 unsafe { out_ptr.put_tile(n, r, p, &acc[..tile], np, bias) };
                 p += np;
             }
-            r += tile;
         }
     });
 }
@@ -500,18 +504,28 @@ mod x86;
 
 #[cfg(not(target_arch = "x86_64"))]
 mod x86 {
+    pub(super) const MR: usize = 1;
+    pub(super) const MP: usize = 1;
+    pub(super) fn panels_for(_: usize) -> usize {
+        1
+    }
+    pub(super) fn row_tiles(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+        (0..rows).map(|r| (r, 1))
+    }
+    pub(super) struct TileArgs<'a> {
+        pub kind: crate::quant::QuantKind,
+        pub nb: usize,
+        pub pb: usize,
+        pub ws: &'a [u8],
+        pub xs: &'a [crate::cpu::qdot::Q8Block],
+        pub ss: &'a [[i32; 2]],
+    }
     /// Never reached: panels are only built for `Isa::Avx512`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn tile_dispatch(
-        _: crate::quant::QuantKind,
+        _: &TileArgs<'_>,
         _: usize,
         _: usize,
-        _: usize,
-        _: usize,
-        _: &[u8],
-        _: &[crate::cpu::qdot::Q8Block],
-        _: &[i32],
-        _: &mut [[[f32; super::NR]; 4]; 4],
+        _: &mut [[[f32; super::NR]; MP]; MR],
     ) {
         unreachable!("integer panels off x86-64")
     }
@@ -598,6 +612,62 @@ mod tests {
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{case}: row {r} alone differs"
                     );
+                }
+            }
+        }
+    }
+    #[test]
+    fn tiles_of_every_row_count_match_an_f64_reference_and_keep_rows_batch_invariant() {
+        if !Isa::Avx512.is_available() {
+            eprintln!("skipped: no AVX-512 VNNI here");
+            return;
+        }
+        // One tile (up to 6 rows), two (7–12), three or four (13–24) and tiles of 4 (25); 40 outputs:
+        // a partial panel.
+        let (k, n) = (512, 40);
+        for kind in QuantKind::ALL {
+            let bytes = crate::quant::test_blocks::blocks(kind, n * k / kind.block_elems());
+            let len = bytes.len();
+            let w = HostWeight::new(std::sync::Arc::new(bytes), 0, len, DType::Quant(kind), n, k).unwrap();
+            let mut wd = vec![0.0; n * k];
+            w.data().copy_to_f32(0, &mut wd);
+            for threads in [1, 3] {
+                let pool = pool::Pool::new(threads);
+                let p = pool.scope(|| QPanels::pack(&w)).unwrap();
+                for rows in (1..=13).chain([20, 24, 25]) {
+                    let x = lcg(rows as u64, rows * k);
+                    let mut ours = vec![0.0; rows * n];
+                    pool.scope(|| matmul(&x, rows, &p, None, &mut ours));
+                    // The reference: the 8-bit activations the tiles multiply, widened, against the
+                    // dequantized weights, in f64.
+                    let xq = crate::cpu::qdot::quantize_rows(&x, rows, k);
+                    let xd: Vec<f64> = xq
+                        .iter()
+                        .flat_map(|b| b.qs.iter().map(move |&q| f64::from(q) * f64::from(b.d)))
+                        .collect();
+                    for (i, got) in ours.iter().enumerate() {
+                        let (r, c) = (i / n, i % n);
+                        let terms = (0..k).map(|j| xd[r * k + j] * f64::from(wd[c * k + j]));
+                        let (want, scale) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                        let case = format!("{kind:?} {rows} rows on {threads} threads at ({r}, {c})");
+                        assert!(
+                            (f64::from(*got) - want).abs() <= 2e-3 * (1.0 + scale),
+                            "{case}: {got} vs {want}"
+                        );
+                    }
+                    // Each row alone gives the same bits as in the batch, whatever its tile.
+                    for r in 0..rows {
+                        let mut alone = vec![0.0; n];
+                        pool.scope(|| matmul(&x[r * k..(r + 1) * k], 1, &p, None, &mut alone));
+                        let same = alone
+                            .iter()
+                            .zip(&ours[r * n..])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{kind:?} {rows} rows on {threads} threads: row {r} alone differs"
+                        );
+                    }
                 }
             }
         }

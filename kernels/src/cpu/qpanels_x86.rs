@@ -1,5 +1,6 @@
 //! The AVX-512 VNNI tiles of the integer panels ([`super`]): how each format's unit is read (its
-//! scales, minimums and 64-byte groups) and the `R × P` tile that multiplies them.
+//! scales, minimums and 64-byte groups), the `R × P` tile that multiplies them (up to 6 rows × 2
+//! panels, or 1 × 4), and how a product's rows are cut into tiles.
 
 use super::{
     Format, NR, Nib, Q4_0, Q4_1, Q4K_M, Q4K_SC, Q4K_VALUES, Q4k, Q5, Q5_1, Q6K_SC, Q6K_VALUES, Q6k, Q8,
@@ -172,28 +173,65 @@ impl Unit for Q6k {
     }
 }
 
-/// [`tile`] for `kind` (Q8_0, Q5_0, Q4_K or Q6_K), `rows` (1–4) activation rows and `np` (1–4) panels.
+/// Most activation rows one tile takes: a verification step's 1 + k rows (k ≤ 5) go through the
+/// weights in one pass, each 64-byte group loaded and decoded once for all of them. (Tiles of 7 or
+/// 8 rows fit the registers only with one panel, which measured slower than two passes of 4.)
+pub(super) const MR: usize = 6;
+/// Most panels one tile takes (the one-row tile's).
+pub(super) const MP: usize = 4;
+/// How far ahead in each panel the tiles prefetch.
+const PREFETCH_BYTES: usize = 2048;
+
+/// Panels per tile for `rows` rows: as many as the 32 registers hold beside each (row, panel)'s
+/// integer and float accumulators, the weight groups and the broadcast activations.
+pub(super) fn panels_for(rows: usize) -> usize {
+    if rows == 1 { 4 } else { 2 }
+}
+
+/// The row tiles of a product of `rows` rows, as (first row, rows): up to 4 × [`MR`] rows, as few
+/// near-equal tiles of at most [`MR`] as cover them (a verification step of up to 11 drafts in two
+/// passes over the weights; four sequences verifying 4 drafts each, 20 rows, in four passes of 5
+/// rather than five of 4), else tiles of 4 (prefill: the panels per task stay in L2 while each tile
+/// passes).
+pub(super) fn row_tiles(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    let size = if rows <= 4 * MR {
+        rows.div_ceil(rows.div_ceil(MR).max(1))
+    } else {
+        4
+    };
+    (0..rows.div_ceil(size.max(1))).map(move |t| (t * size, size.min(rows - t * size)))
+}
+
+/// One tile's operands: `np` panels of `pb` bytes (`nb` blocks of `kind` each) at `ws`, and the
+/// tile's activation rows' blocks `xs` and their sums `ss` (`nb` per row).
+pub(super) struct TileArgs<'a> {
+    pub kind: QuantKind,
+    pub nb: usize,
+    pub pb: usize,
+    pub ws: &'a [u8],
+    pub xs: &'a [Q8Block],
+    pub ss: &'a [[i32; 2]],
+}
+
+/// [`tile`] for `a.kind`, `rows` (1–[`MR`]) activation rows and `np` (1–[`panels_for`]`(rows)`)
+/// panels.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI and F16C available; `ws` holds `np` panels of `pb` bytes with `nb`
-/// blocks of `kind` each; `xs` and `ss` hold `rows · nb` blocks and sums.
-#[allow(clippy::too_many_arguments)]
+/// AVX-512 F/BW/VL/VNNI and F16C available; `a.ws` holds `np` panels of `a.pb` bytes with `a.nb`
+/// blocks of `a.kind` each; `a.xs` and `a.ss` hold `rows · a.nb` blocks and sums.
 pub(super) unsafe fn tile_dispatch(
-    kind: QuantKind,
+    a: &TileArgs<'_>,
     rows: usize,
     np: usize,
-    nb: usize,
-    pb: usize,
-    ws: &[u8],
-    xs: &[Q8Block],
-    ss: &[[i32; 2]],
-    acc: &mut [[[f32; NR]; 4]; 4],
+    acc: &mut [[[f32; NR]; MP]; MR],
 ) {
-    debug_assert!(ws.len() >= np * pb && xs.len() >= rows * nb && ss.len() >= rows * nb);
+    let (nb, pb) = (a.nb, a.pb);
+    debug_assert!(a.ws.len() >= np * pb && a.xs.len() >= rows * nb && a.ss.len() >= rows * nb);
+    debug_assert!((1..=MR).contains(&rows) && (1..=panels_for(rows)).contains(&np));
     macro_rules! go {
         ($f:ty, $r:literal, $p:literal) => {
             // SAFETY: our contract, with `$f` the format of `kind`, `$r == rows`, `$p == np`.
-            unsafe { tile::<$f, $r, $p>(nb, pb, ws.as_ptr(), xs, ss, acc) }
+            unsafe { tile::<$f, $r, $p>(nb, pb, a.ws.as_ptr(), a.xs, a.ss, acc) }
         };
     }
     macro_rules! shapes {
@@ -207,12 +245,16 @@ pub(super) unsafe fn tile_dispatch(
                 (2, _) => go!($f, 2, 2),
                 (3, 1) => go!($f, 3, 1),
                 (3, _) => go!($f, 3, 2),
-                (_, 1) => go!($f, 4, 1),
-                _ => go!($f, 4, 2),
+                (4, 1) => go!($f, 4, 1),
+                (4, _) => go!($f, 4, 2),
+                (5, 1) => go!($f, 5, 1),
+                (5, _) => go!($f, 5, 2),
+                (6, 1) => go!($f, 6, 1),
+                _ => go!($f, 6, 2),
             }
         };
     }
-    match kind {
+    match a.kind {
         QuantKind::Q8_0 => shapes!(Q8),
         QuantKind::Q4_0 => shapes!(Q4_0),
         QuantKind::Q4_1 => shapes!(Q4_1),
@@ -234,13 +276,23 @@ unsafe fn tile<F: Unit, const R: usize, const P: usize>(
     ws: *const u8,
     xs: &[Q8Block],
     ss: &[[i32; 2]],
-    out: &mut [[[f32; NR]; 4]; 4],
+    out: &mut [[[f32; NR]; MP]; MR],
 ) {
     let mut facc = [[_mm512_setzero_ps(); P]; R];
     // One sum a unit, or (split formats) one per half: groups 0–3 and 4–7.
     let halves = if F::SPLIT { 2 } else { 1 };
     for u in 0..nb {
         let (c, i) = (u / F::UNITS, u % F::UNITS);
+        if i == 0 {
+            // Each panel's stream, PREFETCH_BYTES ahead: the hardware prefetchers lag the P streams
+            // (a hint: the address may run past the panel, it never faults).
+            for q in 0..P {
+                let ahead = ws.wrapping_add(q * pb + c * F::CHUNK + PREFETCH_BYTES);
+                for off in (0..F::CHUNK).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off).cast());
+                }
+            }
+        }
         // SAFETY: panel `q < P`'s chunk `c` lies within `ws` (our contract: `nb` units a panel).
         let units: [UnitRef; P] =
             std::array::from_fn(|q| unsafe { F::unit(ws.add(q * pb + c * F::CHUNK), i) });

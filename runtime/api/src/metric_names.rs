@@ -102,6 +102,10 @@ pub const SPEC_DECODE_ACCEPTED_TOKENS: &str = "modelfleet_spec_decode_accepted_t
 /// `position`).
 pub const SPEC_DECODE_ACCEPTED_PER_POSITION: &str =
     "modelfleet_spec_decode_accepted_tokens_per_position_total";
+/// Draft tokens on offer before the step-cost gate (label `model`; ours, no vLLM twin).
+pub const SPEC_DECODE_PROPOSED_TOKENS: &str = "modelfleet_spec_decode_proposed_tokens_total";
+/// Draft tokens the step-cost gate kept of those on offer (label `model`; ours, no vLLM twin).
+pub const SPEC_DECODE_KEPT_TOKENS: &str = "modelfleet_spec_decode_gate_kept_tokens_total";
 /// vLLM's name for [`SPEC_DECODE_DRAFTS`] (labels `model_name`, `engine`).
 pub const VLLM_SPEC_DECODE_DRAFTS: &str = "vllm:spec_decode_num_drafts_total";
 /// vLLM's name for [`SPEC_DECODE_DRAFT_TOKENS`] (labels `model_name`, `engine`).

@@ -83,6 +83,21 @@ pub struct Stats {
     pub schedule_seconds: f64,
     /// Requests per LoRA adapter in use, sorted by name.
     pub adapters: Vec<AdapterCount>,
+    /// Decode-shaped steps (every sequence scoring its last token, nothing drafted): steps, the
+    /// positions they computed and their seconds in the model.
+    pub decode_steps: u64,
+    /// See `decode_steps`.
+    pub decode_positions: u64,
+    /// See `decode_steps`.
+    pub decode_seconds: f64,
+    /// Speculative verification steps (decode-shaped, at least one sequence scoring drafts): steps,
+    /// positions (drafts included) and seconds in the model — beside `decode_*`, what a verification
+    /// position costs against a plain one.
+    pub verify_steps: u64,
+    /// See `verify_steps`.
+    pub verify_positions: u64,
+    /// See `verify_steps`.
+    pub verify_seconds: f64,
     /// Speculative decoding counters.
     pub spec: SpecCounters,
     /// Seconds spent in the draft model's passes.
@@ -502,20 +517,47 @@ fn iteration<K: Kernels>(
     // step sizes speculation decides between.
     let decode = batch.seqs.iter().all(|s| s.len == 1 + s.drafts);
     sched.observe_step(batch.num_tokens(), (t2 - t1).as_secs_f64(), decode);
-    local.steps += 1;
-    local.step_tokens += batch.num_tokens() as u64;
-    let prefill: usize = batch
-        .seqs
-        .iter()
-        .filter(|s| s.len > 1 + s.drafts)
-        .map(|s| s.len)
-        .sum();
-    local.prefill_steps += u64::from(prefill > 0);
-    local.prefill_positions += prefill as u64;
+    local.tally(&batch, (t2 - t1).as_secs_f64(), decode);
     local.schedule_seconds += (t1 - t0).as_secs_f64() - drafting;
     local.model_seconds += (t2 - t1).as_secs_f64();
     publish(sched, local, stats);
     true
+}
+
+impl Stats {
+    /// Counts a model step over `batch` that took `seconds` (`decode`: decode-shaped, every sequence
+    /// scoring its last token and its drafts).
+    fn tally(&mut self, batch: &super::Batch, seconds: f64, decode: bool) {
+        let positions = batch.num_tokens() as u64;
+        self.steps += 1;
+        self.step_tokens += positions;
+        let prefill: usize = batch
+            .seqs
+            .iter()
+            .filter(|s| s.len > 1 + s.drafts)
+            .map(|s| s.len)
+            .sum();
+        self.prefill_steps += u64::from(prefill > 0);
+        self.prefill_positions += prefill as u64;
+        if decode {
+            let (steps, at, secs) = if batch.seqs.iter().any(|s| s.drafts > 0) {
+                (
+                    &mut self.verify_steps,
+                    &mut self.verify_positions,
+                    &mut self.verify_seconds,
+                )
+            } else {
+                (
+                    &mut self.decode_steps,
+                    &mut self.decode_positions,
+                    &mut self.decode_seconds,
+                )
+            };
+            *steps += 1;
+            *at += positions;
+            *secs += seconds;
+        }
+    }
 }
 
 /// Runs the draft model's round for the batch's speculating requests (nothing without a draft model):

@@ -142,6 +142,11 @@ pub struct SpecCounters {
     pub accepted_tokens: u64,
     /// Accepted drafts by position in the run (`vllm:spec_decode_num_accepted_tokens_per_pos`).
     pub accepted_per_position: Vec<u64>,
+    /// Draft tokens on offer before the step-cost gate (n-gram proposals; a draft model's wants).
+    pub proposed_tokens: u64,
+    /// Of those, the tokens the gate kept (verification may still get fewer: the token budget, a
+    /// draft model's round).
+    pub kept_tokens: u64,
 }
 
 impl SpecCounters {

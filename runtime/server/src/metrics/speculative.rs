@@ -4,7 +4,9 @@
 //! = "0", as vLLM's other metrics here) — and their
 //! `modelfleet_` twins (label `model`): `modelfleet_spec_decode_drafts_total`,
 //! `modelfleet_spec_decode_draft_tokens_total`, `modelfleet_spec_decode_accepted_tokens_total`,
-//! `modelfleet_spec_decode_accepted_tokens_per_position_total{position}`.
+//! `modelfleet_spec_decode_accepted_tokens_per_position_total{position}`; and, ours alone, what the
+//! step-cost gate decided: `modelfleet_spec_decode_proposed_tokens_total` (draft tokens on offer
+//! before it) and `modelfleet_spec_decode_gate_kept_tokens_total` (those it kept).
 //!
 //! Acceptance rate = accepted ÷ draft tokens; mean accepted run = accepted ÷ drafts; the per-position
 //! counters show how far runs get (position 0 is the first draft of a run).
@@ -15,6 +17,15 @@
 use modelfleet_api::metric_names as names;
 use modelfleet_engine::speculative::SpecCounters;
 use prometheus::{IntCounterVec, Opts, Registry};
+
+/// One counter of ours alone (label `model`).
+fn single(registry: &Registry, name: &str, help: &str) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), &["model"]).expect("valid metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric names");
+    c
+}
 
 /// One quantity under both names.
 struct Twin {
@@ -58,6 +69,8 @@ pub struct SpecMetrics {
     draft_tokens: Twin,
     accepted: Twin,
     per_position: Twin,
+    proposed: IntCounterVec,
+    kept: IntCounterVec,
 }
 
 impl SpecMetrics {
@@ -93,6 +106,16 @@ impl SpecMetrics {
                 "Drafted tokens accepted, by position in their run (0 = first draft)",
                 Some("position"),
             ),
+            proposed: single(
+                registry,
+                names::SPEC_DECODE_PROPOSED_TOKENS,
+                "Draft tokens on offer before the step-cost gate",
+            ),
+            kept: single(
+                registry,
+                names::SPEC_DECODE_KEPT_TOKENS,
+                "Draft tokens the step-cost gate kept",
+            ),
         }
     }
 
@@ -104,6 +127,10 @@ impl SpecMetrics {
         self.accepted.set(m, None, c.accepted_tokens);
         for (pos, &n) in c.accepted_per_position.iter().enumerate() {
             self.per_position.set(m, Some(&pos.to_string()), n);
+        }
+        for (counter, value) in [(&self.proposed, c.proposed_tokens), (&self.kept, c.kept_tokens)] {
+            let counter = counter.with_label_values(&[m]);
+            counter.inc_by(value.saturating_sub(counter.get()));
         }
     }
 }
@@ -119,6 +146,8 @@ mod tests {
         let mut c = SpecCounters::default();
         c.record(4, 2);
         c.record(3, 3);
+        c.proposed_tokens = 9;
+        c.kept_tokens = 7;
         m.refresh(&c);
         m.refresh(&c); // idempotent: cumulative values, not increments
         let mut buf = Vec::new();
@@ -133,6 +162,8 @@ mod tests {
             "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\",model_name=\"tiny\"} 5",
             "modelfleet_spec_decode_accepted_tokens_per_position_total{model=\"tiny\",position=\"0\"} 2",
             "vllm:spec_decode_num_accepted_tokens_per_pos_total{engine=\"0\",model_name=\"tiny\",position=\"2\"} 1",
+            "modelfleet_spec_decode_proposed_tokens_total{model=\"tiny\"} 9",
+            "modelfleet_spec_decode_gate_kept_tokens_total{model=\"tiny\"} 7",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

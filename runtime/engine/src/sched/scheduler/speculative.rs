@@ -113,9 +113,12 @@ impl Scheduler {
                 wants.insert(*id, SpecWant { k, pinned });
             }
         }
+        let offered = |w: &HashMap<RequestId, SpecWant>| w.values().map(|w| w.k as u64).sum::<u64>();
+        self.spec_counters.proposed_tokens += offered(&wants);
         if cfg.cost_gate {
             self.keep_drafts_that_pay(&mut wants);
         }
+        self.spec_counters.kept_tokens += offered(&wants);
         wants
     }
 
