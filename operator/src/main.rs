@@ -140,6 +140,19 @@ struct RunArgs {
     /// the chart's `runtime.podDefaults`. Each ModelDeployment's merge over them (docs/user-guide.md).
     #[arg(long, env = "MODELFLEET_RUNTIME_POD_DEFAULTS")]
     runtime_pod_defaults: Option<String>,
+    /// Serve `external.metrics.k8s.io/v1beta1` on this address (e.g. `0.0.0.0:6443`) for
+    /// HorizontalPodAutoscalers of `External`-mode deployments; the chart's APIService points here.
+    /// Unset: not served.
+    #[arg(long, env = "MODELFLEET_EXTERNAL_METRICS_BIND_ADDRESS")]
+    external_metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Directory of the external metrics' serving certificate (`tls.crt`, `tls.key`: a mounted
+    /// `kubernetes.io/tls` Secret).
+    #[arg(
+        long,
+        env = "MODELFLEET_EXTERNAL_METRICS_CERT_DIR",
+        default_value = "/etc/modelfleet/external-metrics"
+    )]
+    external_metrics_cert_dir: PathBuf,
     /// This replica's identity in the Lease (default: $POD_NAME).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -193,6 +206,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let client = kube::Client::try_default().await?;
     metrics.ready.store(true, Ordering::Relaxed);
+    // Every replica serves the external metrics (reads only), before and after it leads.
+    if let Some(bind) = args.external_metrics_bind_address {
+        spawn_external_metrics(client.clone(), bind, &args.external_metrics_cert_dir);
+    }
     if !args.no_leader_elect {
         let mut lease = modelfleet_operator::leader::acquire(
             client.clone(),
@@ -283,6 +300,21 @@ fn operator_config(args: &RunArgs) -> anyhow::Result<OperatorConfig> {
     modelfleet_operator::builders::placement::check_defaults(&cfg)
         .map_err(|e| anyhow::anyhow!("--runtime-pod-defaults: {e}"))?;
     Ok(cfg)
+}
+
+/// Serves `external.metrics.k8s.io` on `bind` with the certificate in `cert_dir`, in a task.
+fn spawn_external_metrics(client: kube::Client, bind: std::net::SocketAddr, cert_dir: &std::path::Path) {
+    let settings = modelfleet_operator::external_metrics::Settings {
+        bind,
+        cert_file: cert_dir.join("tls.crt"),
+        key_file: cert_dir.join("tls.key"),
+    };
+    let http = modelfleet_operator::autoscaler::metrics::http_client();
+    tokio::spawn(async move {
+        if let Err(e) = modelfleet_operator::external_metrics::run(client, http, settings).await {
+            tracing::error!(error = %e, "external metrics stopped");
+        }
+    });
 }
 
 /// `--runtime-pod-defaults`: pod settings as JSON, every key one of theirs.
