@@ -149,38 +149,9 @@ async fn a_fleet_runs_on_a_tainted_pool_and_one_without_the_toleration_says_why(
     let mds: Api<ModelDeployment> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let (dir, digest) = tiny_model(&ns.name);
-    let priority = format!("{}-high", ns.name);
-    kubectl_ok(
-        &[
-            "create",
-            "priorityclass",
-            &priority,
-            "--value=1000",
-            "--description=e2e placement",
-        ],
-        None,
-    );
-    let _priority = ClusterObject(format!("priorityclass/{priority}"));
-    kubectl_ok(
-        &[
-            "create",
-            "configmap",
-            "ca-bundle",
-            "-n",
-            &ns.name,
-            "--from-literal=ca.crt=not-really-a-ca",
-        ],
-        None,
-    );
+    let (priority, _priority) = pool_objects(&ns.name);
     let pool_node = Pool::new();
-    let pool = format!(
-        "    nodeSelector: {{{POOL_LABEL}: placement}}\n    tolerations:\n    - {{key: {PLACEMENT_TAINT}, operator: \
-         Equal, value: pool, effect: NoSchedule}}\n    priorityClassName: {priority}\n    podLabels: {{team: \
-         ml}}\n    volumes:\n    - name: ca\n      configMap: {{name: ca-bundle}}\n    volumeMounts:\n    - \
-         {{name: ca, mountPath: /etc/ssl/custom, readOnly: true}}\n    podTemplate:\n      metadata:\n        \
-         annotations: {{placed-by: e2e}}\n      spec:\n        containers:\n        - name: runtime\n          \
-         env: [{{name: PLACEMENT, value: pool}}]\n"
-    );
+    let pool = pool_runtime(&priority);
     let fixed = "  replicas: 1\n  autoscaling:\n    mode: Disabled\n";
     apply(
         &ns.name,
@@ -194,26 +165,7 @@ async fn a_fleet_runs_on_a_tainted_pool_and_one_without_the_toleration_says_why(
     );
 
     // Without the toleration: the scheduler's reason in status within 30 s.
-    let message = wait_until("stray Schedulable=False", Duration::from_secs(30), || async {
-        let (status, message) = schedulable(&mds, "stray").await?;
-        (status == "False").then_some(message)
-    })
-    .await;
-    eprintln!(
-        "Schedulable=False {:?} after applying: {message}",
-        applied.elapsed()
-    );
-    assert!(
-        message.contains("untolerated taint") && message.contains(PLACEMENT_TAINT),
-        "{message}"
-    );
-    let md = mds.get("stray").await.unwrap();
-    let starting = &md.status.as_ref().unwrap().starting;
-    assert_eq!(
-        starting.first().map(|s| s.phase.as_str()),
-        Some("Unschedulable"),
-        "{starting:?}"
-    );
+    stray_says_why(&mds, applied).await;
 
     // With it: Ready on the pool, everything asked for in the pod.
     wait_ready(&mds, "pool").await;
@@ -235,6 +187,72 @@ async fn a_fleet_runs_on_a_tainted_pool_and_one_without_the_toleration_says_why(
         (schedulable(&mds, "stray").await?.0 == "True").then_some(())
     })
     .await;
+}
+
+/// A PriorityClass (value 1000, deleted on drop) and the ConfigMap `ca-bundle` in `ns`.
+fn pool_objects(ns: &str) -> (String, ClusterObject) {
+    let priority = format!("{ns}-high");
+    kubectl_ok(
+        &[
+            "create",
+            "priorityclass",
+            &priority,
+            "--value=1000",
+            "--description=e2e placement",
+        ],
+        None,
+    );
+    let guard = ClusterObject(format!("priorityclass/{priority}"));
+    kubectl_ok(
+        &[
+            "create",
+            "configmap",
+            "ca-bundle",
+            "-n",
+            ns,
+            "--from-literal=ca.crt=not-really-a-ca",
+        ],
+        None,
+    );
+    (priority, guard)
+}
+
+/// `spec.runtime` of the pool deployment: the pool's selector and toleration, the priority class,
+/// a label, the CA bundle mounted, and an overlay (an annotation, an env var on the runtime).
+fn pool_runtime(priority: &str) -> String {
+    format!(
+        "    nodeSelector: {{{POOL_LABEL}: placement}}\n    tolerations:\n    - {{key: {PLACEMENT_TAINT}, operator: \
+         Equal, value: pool, effect: NoSchedule}}\n    priorityClassName: {priority}\n    podLabels: {{team: \
+         ml}}\n    volumes:\n    - name: ca\n      configMap: {{name: ca-bundle}}\n    volumeMounts:\n    - \
+         {{name: ca, mountPath: /etc/ssl/custom, readOnly: true}}\n    podTemplate:\n      metadata:\n        \
+         annotations: {{placed-by: e2e}}\n      spec:\n        containers:\n        - name: runtime\n          \
+         env: [{{name: PLACEMENT, value: pool}}]\n"
+    )
+}
+
+/// `stray` (no toleration) says `Schedulable=False` quoting the scheduler within 30 s of `applied`,
+/// and its pod is `Unschedulable` in `status.starting`.
+async fn stray_says_why(mds: &Api<ModelDeployment>, applied: Instant) {
+    let message = wait_until("stray Schedulable=False", Duration::from_secs(30), || async {
+        let (status, message) = schedulable(mds, "stray").await?;
+        (status == "False").then_some(message)
+    })
+    .await;
+    eprintln!(
+        "Schedulable=False {:?} after applying: {message}",
+        applied.elapsed()
+    );
+    assert!(
+        message.contains("untolerated taint") && message.contains(PLACEMENT_TAINT),
+        "{message}"
+    );
+    let md = mds.get("stray").await.unwrap();
+    let starting = &md.status.as_ref().unwrap().starting;
+    assert_eq!(
+        starting.first().map(|s| s.phase.as_str()),
+        Some("Unschedulable"),
+        "{starting:?}"
+    );
 }
 
 /// The pool pod's spec carries every placement field and the overlay.

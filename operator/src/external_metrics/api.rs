@@ -92,7 +92,7 @@ pub fn status(code: u16, reason: &str, message: &str) -> Value {
 /// (`734m`), rounded.
 pub fn quantity(value: f64) -> String {
     let milli = (value.max(0.0) * 1000.0).round() as u64;
-    if milli % 1000 == 0 {
+    if milli.is_multiple_of(1000) {
         (milli / 1000).to_string()
     } else {
         format!("{milli}m")

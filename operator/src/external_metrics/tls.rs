@@ -55,8 +55,7 @@ impl FrontProxy {
 
     /// Whether a client certificate (DER) carries an allowed name.
     pub fn allows(&self, cert: &[u8]) -> bool {
-        self.allowed_names.is_empty()
-            || common_name(cert).is_some_and(|cn| self.allowed_names.iter().any(|n| *n == cn))
+        self.allowed_names.is_empty() || common_name(cert).is_some_and(|cn| self.allowed_names.contains(&cn))
     }
 }
 

@@ -209,81 +209,83 @@ fn the_overlay_goes_last_and_reaches_what_no_typed_field_does() {
     assert_eq!(inits, ["fetch", "warm"]);
 }
 
+/// Pod settings that change what the operator owns → the layer and the field named.
+const OWNED: [(&str, &str, &str); 14] = [
+    (
+        "    podLabels: {app.kubernetes.io/instance: other}\n",
+        RUNTIME,
+        "metadata.labels.app.kubernetes.io/instance",
+    ),
+    (
+        "    podLabels: {modelfleet.io/revision: x}\n",
+        RUNTIME,
+        "metadata.labels.modelfleet.io/revision",
+    ),
+    (
+        "    podAnnotations: {modelfleet.io/model-digest: x}\n",
+        RUNTIME,
+        "metadata.annotations.modelfleet.io/model-digest",
+    ),
+    (
+        "    volumes: [{name: model, emptyDir: {}}]\n",
+        RUNTIME,
+        "spec.volumes[model]",
+    ),
+    (
+        "    volumes: [{name: tenants, emptyDir: {}}]\n",
+        RUNTIME,
+        "spec.volumes[tenants]",
+    ),
+    (
+        "    volumes: [{name: x, emptyDir: {}}]\n    volumeMounts: [{name: x, mountPath: /var/lib/modelfleet/model/x}]\n",
+        RUNTIME,
+        "spec.containers[runtime].volumeMounts",
+    ),
+    (
+        "    podTemplate: {spec: {containers: [{name: runtime, args: [serve, --model, /elsewhere]}]}}\n",
+        RUNTIME_TEMPLATE,
+        "spec.containers[runtime].args",
+    ),
+    (
+        "    podTemplate: {spec: {containers: [{name: runtime, command: [/bin/sh]}]}}\n",
+        RUNTIME_TEMPLATE,
+        "spec.containers[runtime].command",
+    ),
+    (
+        "    podTemplate: {spec: {containers: [{name: runtime, ports: [{containerPort: 9000}]}]}}\n",
+        RUNTIME_TEMPLATE,
+        "spec.containers[runtime].ports",
+    ),
+    (
+        "    podTemplate: {spec: {containers: [{name: runtime, readinessProbe: {tcpSocket: {port: 8000}}}]}}\n",
+        RUNTIME_TEMPLATE,
+        "spec.containers[runtime].readinessProbe",
+    ),
+    (
+        "    podTemplate: {spec: {initContainers: [{name: fetch, image: other}]}}\n",
+        RUNTIME_TEMPLATE,
+        "spec.initContainers[fetch].image",
+    ),
+    (
+        "    podTemplate: {spec: {containers: [{name: fetch-draft, image: x}]}}\n",
+        RUNTIME_TEMPLATE,
+        "spec.containers[fetch-draft]",
+    ),
+    (
+        "    podTemplate: {spec: {containers: null}}\n",
+        RUNTIME_TEMPLATE,
+        "spec.containers[runtime]",
+    ),
+    (
+        "    podTemplate: {spec: {containers: [{name: runtime, $patch: replace}]}}\n",
+        RUNTIME_TEMPLATE,
+        "spec.containers[0].$patch",
+    ),
+];
+
 #[test]
 fn changes_to_what_the_operator_owns_are_refused_naming_layer_and_field() {
-    let cases: [(&str, &str, &str); 14] = [
-        (
-            "    podLabels: {app.kubernetes.io/instance: other}\n",
-            RUNTIME,
-            "metadata.labels.app.kubernetes.io/instance",
-        ),
-        (
-            "    podLabels: {modelfleet.io/revision: x}\n",
-            RUNTIME,
-            "metadata.labels.modelfleet.io/revision",
-        ),
-        (
-            "    podAnnotations: {modelfleet.io/model-digest: x}\n",
-            RUNTIME,
-            "metadata.annotations.modelfleet.io/model-digest",
-        ),
-        (
-            "    volumes: [{name: model, emptyDir: {}}]\n",
-            RUNTIME,
-            "spec.volumes[model]",
-        ),
-        (
-            "    volumes: [{name: tenants, emptyDir: {}}]\n",
-            RUNTIME,
-            "spec.volumes[tenants]",
-        ),
-        (
-            "    volumes: [{name: x, emptyDir: {}}]\n    volumeMounts: [{name: x, mountPath: /var/lib/modelfleet/model/x}]\n",
-            RUNTIME,
-            "spec.containers[runtime].volumeMounts",
-        ),
-        (
-            "    podTemplate: {spec: {containers: [{name: runtime, args: [serve, --model, /elsewhere]}]}}\n",
-            RUNTIME_TEMPLATE,
-            "spec.containers[runtime].args",
-        ),
-        (
-            "    podTemplate: {spec: {containers: [{name: runtime, command: [/bin/sh]}]}}\n",
-            RUNTIME_TEMPLATE,
-            "spec.containers[runtime].command",
-        ),
-        (
-            "    podTemplate: {spec: {containers: [{name: runtime, ports: [{containerPort: 9000}]}]}}\n",
-            RUNTIME_TEMPLATE,
-            "spec.containers[runtime].ports",
-        ),
-        (
-            "    podTemplate: {spec: {containers: [{name: runtime, readinessProbe: {tcpSocket: {port: 8000}}}]}}\n",
-            RUNTIME_TEMPLATE,
-            "spec.containers[runtime].readinessProbe",
-        ),
-        (
-            "    podTemplate: {spec: {initContainers: [{name: fetch, image: other}]}}\n",
-            RUNTIME_TEMPLATE,
-            "spec.initContainers[fetch].image",
-        ),
-        (
-            "    podTemplate: {spec: {containers: [{name: fetch-draft, image: x}]}}\n",
-            RUNTIME_TEMPLATE,
-            "spec.containers[fetch-draft]",
-        ),
-        (
-            "    podTemplate: {spec: {containers: null}}\n",
-            RUNTIME_TEMPLATE,
-            "spec.containers[runtime]",
-        ),
-        (
-            "    podTemplate: {spec: {containers: [{name: runtime, $patch: replace}]}}\n",
-            RUNTIME_TEMPLATE,
-            "spec.containers[0].$patch",
-        ),
-    ];
-    for (runtime, layer, field) in cases {
+    for (runtime, layer, field) in OWNED {
         let e = refused(&with_runtime(runtime), &OperatorConfig::default());
         assert_eq!(
             (e.layer.as_str(), e.field.as_str()),

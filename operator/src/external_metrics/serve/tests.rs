@@ -28,18 +28,20 @@ async fn get(r: Reader, name: &str, selector: Option<&str>) -> (StatusCode, Valu
     (code, body)
 }
 
+/// (pods read, metric, selector) → (code, value or the message's words).
+type Case = (
+    Result<Vec<PodMetrics>, String>,
+    &'static str,
+    Option<&'static str>,
+    StatusCode,
+    &'static str,
+);
+
 #[tokio::test]
 async fn a_metric_is_read_fresh_from_the_deployments_ready_pods_or_refused_with_why() {
     let selector = Some("modelfleet.io/model-deployment=chat");
     let two = Ok(vec![pod(3.0, 1.0, 0.5), pod(2.0, 1.0, 0.25)]);
-    // (pods read, metric, selector) → (code, value or the message's words)
-    let cases: [(
-        Result<Vec<PodMetrics>, String>,
-        &str,
-        Option<&str>,
-        StatusCode,
-        &str,
-    ); 7] = [
+    let cases: [Case; 7] = [
         (
             two.clone(),
             "modelfleet_requests_waiting",

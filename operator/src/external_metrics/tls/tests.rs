@@ -16,20 +16,26 @@ fn der(pem: &[u8]) -> Vec<u8> {
     CertificateDer::from_pem_slice(pem).unwrap().to_vec()
 }
 
+/// (the ConfigMap's data, the allowed names or the error's words).
+type Case = (
+    &'static [(&'static str, &'static str)],
+    Result<&'static [&'static str], &'static str>,
+);
+
+const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
 #[test]
 fn the_front_proxy_comes_from_the_configmap_or_says_what_is_missing() {
-    let ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-    // (data, allowed names, or the error's words)
-    let cases: [(&[(&str, &str)], Result<&[&str], &str>); 5] = [
+    let cases: [Case; 5] = [
         (&[], Err("has no requestheader-client-ca-file")),
         (
             &[("requestheader-client-ca-file", "  ")],
             Err("aggregation layer"),
         ),
-        (&[("requestheader-client-ca-file", ca)], Ok(&[])),
+        (&[("requestheader-client-ca-file", CA)], Ok(&[])),
         (
             &[
-                ("requestheader-client-ca-file", ca),
+                ("requestheader-client-ca-file", CA),
                 (
                     "requestheader-allowed-names",
                     "[\"front-proxy-client\",\"aggregator\"]",
@@ -39,7 +45,7 @@ fn the_front_proxy_comes_from_the_configmap_or_says_what_is_missing() {
         ),
         (
             &[
-                ("requestheader-client-ca-file", ca),
+                ("requestheader-client-ca-file", CA),
                 ("requestheader-allowed-names", "front-proxy-client"),
             ],
             Err("requestheader-allowed-names"),
@@ -50,7 +56,7 @@ fn the_front_proxy_comes_from_the_configmap_or_says_what_is_missing() {
         match (got, want) {
             (Ok(p), Ok(names)) => {
                 assert_eq!(p.allowed_names, names, "{fields:?}");
-                assert_eq!(p.client_ca, ca);
+                assert_eq!(p.client_ca, CA);
             }
             (Err(e), Err(words)) => assert!(e.contains(words), "{fields:?}: {e}"),
             (got, want) => panic!("{fields:?}: got {got:?}, want {want:?}"),
