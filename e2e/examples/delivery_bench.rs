@@ -25,7 +25,10 @@ use std::time::{Duration, Instant};
 
 /// A generated model of its own (a fresh seed: nothing of it is on the node or in a cache yet).
 fn model(ns: &str, dtype: &str, format: &str) -> PathBuf {
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let dir = cluster_dir().join("artifacts").join(ns).join("bench-model");
     let _ = std::fs::remove_dir_all(&dir);
     let t = Instant::now();
@@ -41,8 +44,15 @@ fn model(ns: &str, dtype: &str, format: &str) -> PathBuf {
         "--seed",
         &seed.to_string(),
     ]);
-    let bytes: u64 = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
-    eprintln!("model: llama-3.2-1b {dtype} {format}, {:.2} GB, generated in {:?}", bytes as f64 / 1e9, t.elapsed());
+    let bytes: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    eprintln!(
+        "model: llama-3.2-1b {dtype} {format}, {:.2} GB, generated in {:?}",
+        bytes as f64 / 1e9,
+        t.elapsed()
+    );
     dir
 }
 
@@ -88,10 +98,15 @@ async fn scale_out() {
     let dir = model(&ns.name, "q8_0", "gguf");
     let digest = runtime(&["digest", dir.to_str().unwrap()]).trim().to_string();
     for (name, spec, packaged) in sources(&ns.name, &dir, &digest).await {
-        kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&md_yaml(name, name, &spec, 1)));
+        kubectl_ok(
+            &["apply", "-n", &ns.name, "-f", "-"],
+            Some(&md_yaml(name, name, &spec, 1)),
+        );
         wait_ready(&mds, name, 1, Duration::from_secs(900)).await;
         let p = json_patch(4);
-        mds.patch(name, &PatchParams::default(), &Patch::Merge(&p)).await.unwrap();
+        mds.patch(name, &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
         wait_ready(&mds, name, 4, Duration::from_secs(900)).await;
         let times: Vec<f64> = pods_of(&pods, name).await.iter().map(start_seconds).collect();
         let rest = &times[1..];
@@ -104,7 +119,10 @@ async fn scale_out() {
         );
         if let Some(p) = packaged {
             for blob in layer_digests(&p).await {
-                println!("  blob {blob}: read {} time(s) from the registry", registry_blob_reads(&p, &blob));
+                println!(
+                    "  blob {blob}: read {} time(s) from the registry",
+                    registry_blob_reads(&p, &blob)
+                );
             }
         }
         for e in started_events(&ns.name, name) {
@@ -127,10 +145,17 @@ async fn ready() {
     let digest = runtime(&["digest", dir.to_str().unwrap()]).trim().to_string();
     let mut all = sources(&ns.name, &dir, &digest).await;
     let pv = deploy_claim(&ns.name, &dir);
-    all.push(("pvc", format!("    uri: pvc://models/tiny\n    digest: \"{digest}\"\n"), None));
+    all.push((
+        "pvc",
+        format!("    uri: pvc://models/tiny\n    digest: \"{digest}\"\n"),
+        None,
+    ));
     for (name, spec, _) in all {
         let t = Instant::now();
-        kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&md_yaml(name, name, &spec, 1)));
+        kubectl_ok(
+            &["apply", "-n", &ns.name, "-f", "-"],
+            Some(&md_yaml(name, name, &spec, 1)),
+        );
         wait_ready(&mds, name, 1, Duration::from_secs(1800)).await;
         println!("{name}: Ready {:?} after apply", t.elapsed());
         let events = wait_until("the PodStarted Event", Duration::from_secs(60), || async {

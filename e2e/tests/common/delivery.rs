@@ -4,10 +4,10 @@
 //! registry's access log.
 
 use super::fleet::{chat, condition, gateway, runtime};
+use super::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use modelfleet_crds::ModelDeployment;
-use super::*;
 use std::path::Path;
 
 /// The cluster's registry as pods and the node reach it (`MF_REGISTRY_CLUSTER`, the node's address).
@@ -150,12 +150,12 @@ pub async fn deploy_s3(ns: &str) -> String {
     let manifest = format!(
         r#"apiVersion: apps/v1
 kind: Deployment
-metadata: {{name: s3}}
+metadata: {{name: s3-server}}
 spec:
   replicas: 1
-  selector: {{matchLabels: {{app: s3}}}}
+  selector: {{matchLabels: {{app: s3-server}}}}
   template:
-    metadata: {{labels: {{app: s3}}}}
+    metadata: {{labels: {{app: s3-server}}}}
     spec:
       securityContext: {{runAsUser: 65532, runAsGroup: 65532, runAsNonRoot: true}}
       containers:
@@ -172,9 +172,9 @@ spec:
 ---
 apiVersion: v1
 kind: Service
-metadata: {{name: s3}}
+metadata: {{name: s3-server}}
 spec:
-  selector: {{app: s3}}
+  selector: {{app: s3-server}}
   ports: [{{port: 7070, targetPort: 7070}}]
 "#,
         registry = registry(),
@@ -182,7 +182,15 @@ spec:
     );
     kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(&manifest));
     let ip = kubectl_ok(
-        &["get", "svc", "s3", "-n", ns, "-o", "jsonpath={.spec.clusterIP}"],
+        &[
+            "get",
+            "svc",
+            "s3-server",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
         None,
     );
     let endpoint = format!("http://{ip}:7070");
@@ -355,7 +363,6 @@ pub async fn serves(served: &str) {
     .await;
 }
 
-
 /// The `PodStarted` Events of a ModelDeployment (the operator's report of each pod's start).
 pub fn started_events(ns: &str, name: &str) -> Vec<String> {
     let out = kubectl_ok(
@@ -390,4 +397,3 @@ pub fn start_seconds(p: &Pod) -> f64 {
         .0;
     (ready.as_millisecond() - created.as_millisecond()) as f64 / 1000.0
 }
-

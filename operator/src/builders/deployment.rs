@@ -381,6 +381,9 @@ pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorCon
         MODEL_DIR,
         "--digest",
         &md.spec.model.digest,
+        // The fetch container verified the bytes (or the mounted model) before this container started:
+        // the runtime checks them again beside loading them, not before.
+        "--verify-beside-load",
         "--served-model-name",
         &served_name(md),
         "--port",

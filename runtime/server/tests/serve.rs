@@ -142,8 +142,16 @@ async fn a_burst_of_ten_times_the_queue_cap_gets_fast_429s_and_memory_stays_flat
     );
 }
 
+/// Checked before the load, or (`--verify-beside-load`, as the operator runs it after its fetch
+/// container verified the bytes) beside it: a flipped byte is refused either way, with the digests.
 #[test]
 fn a_model_with_one_flipped_byte_is_refused() {
+    for beside in [false, true] {
+        refused_with_a_flipped_byte(beside);
+    }
+}
+
+fn refused_with_a_flipped_byte(beside_load: bool) {
     let _shared = TIMING.blocking_read();
     let dir = tempfile::tempdir().unwrap();
     let model = common::tiny_model(dir.path());
@@ -154,16 +162,18 @@ fn a_model_with_one_flipped_byte_is_refused() {
     bytes[last] ^= 1;
     std::fs::write(&weights, bytes).unwrap();
     let log = dir.path().join("termination-log");
-    let out = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
-        .arg("serve")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"));
+    cmd.arg("serve")
         .arg("--model")
         .arg(&model)
         .args(["--digest", &digest, "--port", &common::free_port().to_string()])
         .args(["--admin-port", &common::free_port().to_string()])
         .arg("--termination-log")
-        .arg(&log)
-        .output()
-        .unwrap();
+        .arg(&log);
+    if beside_load {
+        cmd.arg("--verify-beside-load");
+    }
+    let out = cmd.output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("digest mismatch"), "{stderr}");

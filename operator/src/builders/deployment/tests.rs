@@ -55,6 +55,7 @@ fn minimal_deployment() {
             MODEL_DIR,
             "--digest",
             DIGEST,
+            "--verify-beside-load",
             "--served-model-name",
             "smollm2",
             "--port",

@@ -78,6 +78,17 @@ pub fn lookup(cache: &Path, digest: &str) -> Result<Option<PathBuf>, FetchError>
     }
 }
 
+/// Makes a verified staging directory inside the cache its entry for `digest`, by a rename; returns
+/// the entry.
+pub fn adopt(cache: &Path, digest: &str, staging: stage::Staging) -> Result<PathBuf, FetchError> {
+    let entry = entry_path(cache, digest);
+    if entry.is_dir() {
+        return Ok(entry);
+    }
+    staging.adopt_as(&entry)?;
+    Ok(entry)
+}
+
 /// Adds the verified tree at `verified` to the cache under `digest` (no-op if already there).
 pub fn store(cache: &Path, digest: &str, verified: &Path) -> Result<(), FetchError> {
     let entry = entry_path(cache, digest);

@@ -181,19 +181,26 @@ async fn from_cache(req: &FetchRequest) -> Result<Option<Fetched>, FetchError> {
     .await
 }
 
-/// Puts a verified staging directory into DEST (and the cache). Local work, never half done. The
-/// cache is an optimisation: a cache that cannot be written (read-only, another owner) does not fail
-/// the fetch.
+/// Puts a verified staging directory into DEST (and the cache). Local work, never half done. Staged in
+/// the cache, it becomes the cache entry by a rename and DEST gets a copy (a hard link where the two
+/// share a mount); staged beside DEST, it is committed there and copied into the cache, which is an
+/// optimisation: a cache that cannot be written (read-only, another owner) does not fail the fetch.
 async fn place(req: &FetchRequest, staging: stage::Staging) -> Result<(), FetchError> {
     let (dest, digest, cache) = (req.dest.clone(), req.digest.clone(), req.cache.clone());
     req.progress.enter(Phase::Install);
-    blocking(move || {
-        if let Some(cache) = &cache
-            && let Err(e) = cache::store(cache, &digest, staging.path())
-        {
-            eprintln!("fetch: not cached in {}: {e}", cache.display());
+    blocking(move || match &cache {
+        Some(cache) if staging.path().parent() == Some(cache.as_path()) => {
+            let entry = cache::adopt(cache, &digest, staging)?;
+            stage::install_copy(&entry, &dest)
         }
-        staging.commit(&dest)
+        _ => {
+            if let Some(cache) = &cache
+                && let Err(e) = cache::store(cache, &digest, staging.path())
+            {
+                eprintln!("fetch: not cached in {}: {e}", cache.display());
+            }
+            staging.commit(&dest)
+        }
     })
     .await
 }
@@ -222,8 +229,16 @@ pub async fn check_mounted(req: &FetchRequest, mounted: &Path) -> Result<(), Fet
 /// Downloads into a new staging directory within the byte budget and verifies it. Dropping the
 /// future (the time limit) or failing removes the staging directory.
 async fn download_verified(req: &FetchRequest) -> Result<stage::Staging, FetchError> {
-    let dest = req.dest.clone();
-    let staging = blocking(move || stage::Staging::new(&dest)).await?;
+    let (dest, cache) = (req.dest.clone(), req.cache.clone());
+    // With a node cache, bytes land in it (where partial downloads resume and the entry is made by a
+    // rename); without one, or when it cannot be written, beside DEST.
+    let staging = blocking(
+        move || match cache.as_deref().and_then(|c| stage::Staging::new_in(c).ok()) {
+            Some(s) => Ok(s),
+            None => stage::Staging::new(&dest),
+        },
+    )
+    .await?;
     let mut budget = limits::Budget::new(
         &req.limits,
         staging.path().parent().unwrap_or(staging.path()),

@@ -46,6 +46,29 @@ impl Staging {
         })
     }
 
+    /// A fresh, empty staging directory inside `dir` (the node cache), for an artifact that becomes a
+    /// cache entry by [`Staging::adopt_as`].
+    pub fn new_in(dir: &Path) -> Result<Staging, FetchError> {
+        fs::create_dir_all(dir).map_err(FetchError::io(format!("creating {}", dir.display())))?;
+        Ok(Staging {
+            path: unique_dir(dir, ".staging-")?,
+            committed: false,
+        })
+    }
+
+    /// Renames the staging directory to `to` (on the same file system); a `to` that appeared meanwhile
+    /// (another fetch stored the same artifact) is kept and this staging directory removed.
+    pub fn adopt_as(mut self, to: &Path) -> Result<(), FetchError> {
+        match fs::rename(&self.path, to) {
+            Ok(()) => {
+                self.committed = true;
+                Ok(())
+            }
+            Err(_) if to.is_dir() => Ok(()),
+            Err(e) => Err(FetchError::io(format!("renaming into {}", to.display()))(e)),
+        }
+    }
+
     /// The staging directory.
     pub fn path(&self) -> &Path {
         &self.path

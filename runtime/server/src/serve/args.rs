@@ -79,6 +79,11 @@ pub struct ServeArgs {
     /// Refuse to serve unless the model's canonical digest is this (`sha256:…`).
     #[arg(long, env = "MODELFLEET_DIGEST")]
     pub digest: Option<String>,
+    /// The bytes were verified before this process started (the pod's fetch container did it): check
+    /// the digest again *beside* loading the model instead of before it — nothing is served until both
+    /// are done — so a pod is Ready sooner. Without it the digest is checked before a byte is parsed.
+    #[arg(long, env = "MODELFLEET_VERIFY_BESIDE_LOAD")]
+    pub verify_beside_load: bool,
     /// The name clients put in `model` (default: the model path's last component).
     #[arg(long, env = "MODELFLEET_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,

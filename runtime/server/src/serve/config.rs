@@ -78,6 +78,8 @@ pub struct RuntimeConfig {
     pub model: Artifact,
     /// The draft model and its drafts per step.
     pub draft: Option<(Artifact, usize)>,
+    /// Check the digests beside the load rather than before it (`--verify-beside-load`).
+    pub verify_beside_load: bool,
     /// The engine (its KV pool still to be sized from the memory budget at load).
     pub engine: EngineConfig,
     /// Which float matrices run on bf16 dot products.
@@ -143,6 +145,7 @@ impl ServeArgs {
                 digest: self.digest.clone(),
             },
             draft,
+            verify_beside_load: self.verify_beside_load,
             bf16_dot: self.bf16_dot.mode(),
             engine: EngineConfig {
                 threads: self.threads,

@@ -103,11 +103,21 @@ fn record_fatal_panics(termination_log: Option<PathBuf>) {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cfg = args.validate()?;
-    start::verify_digests(&cfg).await?;
+    if !cfg.verify_beside_load {
+        start::verify_digests(&cfg).await?;
+    }
     let auth = start::authentication(&cfg)?;
     let admin_token = start::admin_token(&cfg)?;
     let metrics = Arc::new(crate::metrics::RuntimeMetrics::default());
-    let engine = start::load_engine(&cfg, &metrics).await?;
+    let engine = if cfg.verify_beside_load {
+        // Both before anything listens; a mismatch wins over whatever the load made of those bytes.
+        let (verified, engine) =
+            tokio::join!(start::verify_digests(&cfg), start::load_engine(&cfg, &metrics));
+        verified?;
+        engine?
+    } else {
+        start::load_engine(&cfg, &metrics).await?
+    };
     init_vllm_metrics(&metrics, &cfg.served_name, &engine, &args);
     let startup_adapters = start::startup_adapters(&cfg)?;
     let (st, _adapter_store) = start::build_state(&cfg, engine, auth, metrics).await?;

@@ -3,8 +3,10 @@
 //! on its step-loop thread (the KV pool sized from the memory budget, logged with its arithmetic), build
 //! the handlers' shared state, and load the start-up adapters while the server already listens.
 //!
-//! Invariants: nothing is served before every digest matched; a failure names the flag or file and
-//! becomes the process's one-line termination message (`run`).
+//! Invariants: nothing is served before every digest matched (by default nothing is even parsed before;
+//! with `--verify-beside-load`, for bytes a fetch container verified already, the check runs beside the
+//! load and the listeners open only after both); a failure names the flag or file and becomes the
+//! process's one-line termination message (`run`).
 
 use super::config::{Artifact, RuntimeConfig};
 use super::state::AppState;

@@ -106,10 +106,12 @@ pub fn assemble(
                     .skip_while(|x| !std::ptr::eq(*x, l))
                     .skip(1)
                     .any(|x| x.digest == l.digest);
+                // A rename needs one file system (the blobs and staging are side by side); copy otherwise.
                 if more {
                     std::fs::copy(&blob, &dest).map(|_| ())
                 } else {
                     std::fs::rename(&blob, &dest)
+                        .or_else(|_| std::fs::copy(&blob, &dest).and_then(|_| std::fs::remove_file(&blob)))
                 }
                 .map_err(FetchError::io(format!("placing {}", dest.display())))?;
             }
