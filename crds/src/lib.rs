@@ -24,6 +24,7 @@ pub mod common;
 pub mod lora_adapter;
 pub mod model_deployment;
 pub mod model_source;
+pub mod placement;
 pub mod pods;
 pub mod rollout;
 pub mod starting;

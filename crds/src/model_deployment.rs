@@ -171,6 +171,10 @@ pub struct RuntimeSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 128))]
     pub env: Vec<EnvVar>,
+    /// Where the pods run and what else they carry (`nodeSelector`, `tolerations`, `affinity`, …,
+    /// `podTemplate`): [`crate::placement`].
+    #[serde(flatten)]
+    pub pod: crate::placement::PodSettings,
 }
 
 /// Bounded admission queue per pod.

@@ -126,6 +126,10 @@ pub struct OperatorConfig {
     pub gateway: GatewayPods,
     /// Where a served name must be unique.
     pub served_name_scope: ServedNameScope,
+    /// Pod settings every runtime pod gets beneath its ModelDeployment's (`--runtime-pod-defaults`,
+    /// the chart's `runtime.podDefaults`): a node pool's selector and toleration, a priority class, a
+    /// CA bundle volume.
+    pub pod_defaults: modelfleet_crds::placement::PodSettings,
 }
 
 impl Default for OperatorConfig {
@@ -146,6 +150,7 @@ impl Default for OperatorConfig {
             node_file_namespaces: NamespaceSet::All,
             gateway: GatewayPods::default(),
             served_name_scope: ServedNameScope::Cluster,
+            pod_defaults: Default::default(),
         }
     }
 }

@@ -13,6 +13,8 @@
 //! - [`leader`]: leader election on a `Lease`, so two replicas can run and one fails over.
 //! - [`pod_metrics`]: reading the runtime pods' metrics (their `/metrics`, or Prometheus), for the
 //!   autoscaler and the capacity measurement alike.
+//! - [`external_metrics`]: `external.metrics.k8s.io` for HorizontalPodAutoscalers of deployments in
+//!   `External` mode (the fleet's queue and KV figures, read fresh from the pods).
 //! - [`telemetry`]: `/metrics`, `/healthz`, `/readyz` and the operator's own Prometheus metrics.
 //!
 //! Invariants: nothing but the reconciler's one server-side apply writes the runtime Deployment (so its
@@ -27,6 +29,7 @@ pub mod builders;
 pub mod capacity;
 pub mod config;
 pub mod controller;
+pub mod external_metrics;
 pub mod labels;
 pub mod leader;
 pub mod lora;

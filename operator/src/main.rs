@@ -135,6 +135,24 @@ struct RunArgs {
     /// (a gateway per namespace). Deployments sharing a name within it get `ServedNameConflict`.
     #[arg(long, env = "MODELFLEET_SERVED_NAME_SCOPE", value_enum, default_value_t = ServedNameScope::Cluster)]
     served_name_scope: ServedNameScope,
+    /// Pod settings every runtime pod gets beneath its ModelDeployment's, as JSON with the fields of
+    /// `spec.runtime`'s pod settings (`nodeSelector`, `tolerations`, `affinity`, …, `podTemplate`):
+    /// the chart's `runtime.podDefaults`. Each ModelDeployment's merge over them (docs/user-guide.md).
+    #[arg(long, env = "MODELFLEET_RUNTIME_POD_DEFAULTS")]
+    runtime_pod_defaults: Option<String>,
+    /// Serve `external.metrics.k8s.io/v1beta1` on this address (e.g. `0.0.0.0:6443`) for
+    /// HorizontalPodAutoscalers of `External`-mode deployments; the chart's APIService points here.
+    /// Unset: not served.
+    #[arg(long, env = "MODELFLEET_EXTERNAL_METRICS_BIND_ADDRESS")]
+    external_metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Directory of the external metrics' serving certificate (`tls.crt`, `tls.key`: a mounted
+    /// `kubernetes.io/tls` Secret).
+    #[arg(
+        long,
+        env = "MODELFLEET_EXTERNAL_METRICS_CERT_DIR",
+        default_value = "/etc/modelfleet/external-metrics"
+    )]
+    external_metrics_cert_dir: PathBuf,
     /// This replica's identity in the Lease (default: $POD_NAME).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -165,58 +183,8 @@ fn main() -> anyhow::Result<()> {
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let quantity = |flag: &str, q: Option<String>| -> anyhow::Result<Option<String>> {
-        match q.map(|q| q.trim().to_string()).filter(|q| !q.is_empty()) {
-            Some(q) if quantity_bytes(&q).is_none() => {
-                anyhow::bail!(
-                    "--{flag} {q:?}: expected a whole number of bytes such as 512Mi, 20Gi or 1000000"
-                )
-            }
-            other => Ok(other),
-        }
-    };
-    if args.pre_stop_seconds < 0 || args.runtime_run_as_user <= 0 {
-        anyhow::bail!(
-            "--pre-stop-seconds must be >= 0 (got {}) and --runtime-run-as-user > 0 (got {}; 0 is root)",
-            args.pre_stop_seconds,
-            args.runtime_run_as_user
-        );
-    }
     let scope = Scope::parse(&args.namespaces);
-    let cfg = OperatorConfig {
-        runtime_image: args.runtime_image,
-        runtime_image_pull_policy: args.runtime_image_pull_policy,
-        image_pull_secrets: args
-            .image_pull_secrets
-            .into_iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect(),
-        model_cache: if args.no_model_cache {
-            ModelCache::None
-        } else if let Some(pvc) = args.model_cache_pvc {
-            ModelCache::Pvc(pvc)
-        } else {
-            ModelCache::HostPath(args.model_cache_host_path)
-        },
-        model_cache_namespaces: NamespaceSet::parse(&args.model_cache_namespaces),
-        model_volume_size_limit: quantity("model-volume-size-limit", args.model_volume_size_limit)?,
-        adapter_store_size_limit: quantity("adapter-store-size-limit", Some(args.adapter_store_size_limit))?,
-        termination_grace_seconds: args.termination_grace_seconds,
-        pre_stop_seconds: args.pre_stop_seconds,
-        run_as_user: args.runtime_run_as_user,
-        adapter_file_roots: roots(args.adapter_file_roots),
-        node_file_roots: node_roots(args.node_file_roots)?,
-        node_file_namespaces: NamespaceSet::parse(&args.node_file_namespaces),
-        gateway: GatewayPods {
-            namespace: args
-                .gateway_namespace
-                .unwrap_or_else(|| args.lease_namespace.clone()),
-            selector: args.gateway_selector,
-            metrics_port: args.gateway_metrics_port,
-        },
-        served_name_scope: args.served_name_scope,
-    };
+    let cfg = operator_config(&args)?;
     let identity = args
         .identity
         .unwrap_or_else(|| format!("modelfleet-operator-{}", std::process::id()));
@@ -238,6 +206,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let client = kube::Client::try_default().await?;
     metrics.ready.store(true, Ordering::Relaxed);
+    // Every replica serves the external metrics (reads only), before and after it leads.
+    if let Some(bind) = args.external_metrics_bind_address {
+        spawn_external_metrics(client.clone(), bind, &args.external_metrics_cert_dir);
+    }
     if !args.no_leader_elect {
         let mut lease = modelfleet_operator::leader::acquire(
             client.clone(),
@@ -265,6 +237,103 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         modelfleet_operator::lora::run(client, metrics, &identity, &scope),
     );
     Ok(())
+}
+
+/// The operator's configuration from its flags, each checked (a bad one stops the operator naming it).
+fn operator_config(args: &RunArgs) -> anyhow::Result<OperatorConfig> {
+    let quantity = |flag: &str, q: Option<String>| -> anyhow::Result<Option<String>> {
+        match q.map(|q| q.trim().to_string()).filter(|q| !q.is_empty()) {
+            Some(q) if quantity_bytes(&q).is_none() => {
+                anyhow::bail!(
+                    "--{flag} {q:?}: expected a whole number of bytes such as 512Mi, 20Gi or 1000000"
+                )
+            }
+            other => Ok(other),
+        }
+    };
+    if args.pre_stop_seconds < 0 || args.runtime_run_as_user <= 0 {
+        anyhow::bail!(
+            "--pre-stop-seconds must be >= 0 (got {}) and --runtime-run-as-user > 0 (got {}; 0 is root)",
+            args.pre_stop_seconds,
+            args.runtime_run_as_user
+        );
+    }
+    let cfg = OperatorConfig {
+        runtime_image: args.runtime_image.clone(),
+        runtime_image_pull_policy: args.runtime_image_pull_policy.clone(),
+        image_pull_secrets: args
+            .image_pull_secrets
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        model_cache: if args.no_model_cache {
+            ModelCache::None
+        } else if let Some(pvc) = &args.model_cache_pvc {
+            ModelCache::Pvc(pvc.clone())
+        } else {
+            ModelCache::HostPath(args.model_cache_host_path.clone())
+        },
+        model_cache_namespaces: NamespaceSet::parse(&args.model_cache_namespaces),
+        model_volume_size_limit: quantity("model-volume-size-limit", args.model_volume_size_limit.clone())?,
+        adapter_store_size_limit: quantity(
+            "adapter-store-size-limit",
+            Some(args.adapter_store_size_limit.clone()),
+        )?,
+        termination_grace_seconds: args.termination_grace_seconds,
+        pre_stop_seconds: args.pre_stop_seconds,
+        run_as_user: args.runtime_run_as_user,
+        adapter_file_roots: roots(args.adapter_file_roots.clone()),
+        node_file_roots: node_roots(args.node_file_roots.clone())?,
+        node_file_namespaces: NamespaceSet::parse(&args.node_file_namespaces),
+        gateway: GatewayPods {
+            namespace: args
+                .gateway_namespace
+                .clone()
+                .unwrap_or_else(|| args.lease_namespace.clone()),
+            selector: args.gateway_selector.clone(),
+            metrics_port: args.gateway_metrics_port,
+        },
+        served_name_scope: args.served_name_scope,
+        pod_defaults: pod_defaults(args.runtime_pod_defaults.as_deref())?,
+    };
+    modelfleet_operator::builders::placement::check_defaults(&cfg)
+        .map_err(|e| anyhow::anyhow!("--runtime-pod-defaults: {e}"))?;
+    Ok(cfg)
+}
+
+/// Serves `external.metrics.k8s.io` on `bind` with the certificate in `cert_dir`, in a task.
+fn spawn_external_metrics(client: kube::Client, bind: std::net::SocketAddr, cert_dir: &std::path::Path) {
+    let settings = modelfleet_operator::external_metrics::Settings {
+        bind,
+        cert_file: cert_dir.join("tls.crt"),
+        key_file: cert_dir.join("tls.key"),
+    };
+    let http = modelfleet_operator::autoscaler::metrics::http_client();
+    tokio::spawn(async move {
+        if let Err(e) = modelfleet_operator::external_metrics::run(client, http, settings).await {
+            tracing::error!(error = %e, "external metrics stopped");
+        }
+    });
+}
+
+/// `--runtime-pod-defaults`: pod settings as JSON, every key one of theirs.
+fn pod_defaults(json: Option<&str>) -> anyhow::Result<modelfleet_crds::placement::PodSettings> {
+    let Some(json) = json.map(str::trim).filter(|j| !j.is_empty()) else {
+        return Ok(Default::default());
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| anyhow::anyhow!("--runtime-pod-defaults is not JSON: {e}"))?;
+    let known = modelfleet_crds::placement::POD_SETTINGS_FIELDS;
+    for key in value.as_object().into_iter().flat_map(|o| o.keys()) {
+        if !known.contains(&key.as_str()) {
+            anyhow::bail!(
+                "--runtime-pod-defaults: unknown field {key:?} (known: {})",
+                known.join(", ")
+            );
+        }
+    }
+    serde_json::from_value(value).map_err(|e| anyhow::anyhow!("--runtime-pod-defaults: {e}"))
 }
 
 /// A comma-separated list's entries, trimmed, without empty ones.

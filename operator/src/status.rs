@@ -58,6 +58,9 @@ pub struct Observed<'a> {
     /// A same-named object this ModelDeployment does not control (the `NameConflict` message): the
     /// pass applied nothing.
     pub conflict: Option<String>,
+    /// Why the pod settings make no pod template (the `InvalidPodTemplate` message): the pass applied
+    /// nothing, so the current spec has no pods.
+    pub invalid_pod: Option<String>,
     /// Served names another deployment behind the same gateway claims too (the condition's message).
     pub served_name_conflict: Option<String>,
     /// When the pass ran (restarts count for a window before it).
@@ -195,6 +198,7 @@ fn rollout_of(obs: &Observed) -> Rollout {
     let updated = dep_status.updated_replicas.unwrap_or(0);
     let total = dep_status.replicas.unwrap_or(0);
     let rolled_out = obs.deployment.is_some()
+        && obs.invalid_pod.is_none()
         && dep_status.observed_generation.unwrap_or(0) >= dep_generation
         && updated == obs.desired
         && total == obs.desired
@@ -243,6 +247,10 @@ fn stall_of(obs: &Observed, verdict: &DigestVerdict, r: &Rollout) -> Option<(Str
         _ if obs.conflict.is_some() => {
             Some(("NameConflict".into(), obs.conflict.clone().unwrap_or_default()))
         }
+        _ if obs.invalid_pod.is_some() => Some((
+            "InvalidPodTemplate".into(),
+            obs.invalid_pod.clone().unwrap_or_default(),
+        )),
         (TenantsSecret::Missing(name), _) => Some((
             "SecretNotFound".into(),
             format!("tenants Secret {name:?} does not exist"),
@@ -442,6 +450,7 @@ mod tests {
                 message: String::new(),
             },
             conflict: None,
+            invalid_pod: None,
             served_name_conflict: None,
             now: Timestamp::UNIX_EPOCH,
             gpus_reserved: None,

@@ -55,3 +55,12 @@ image.registry the install fails and says what to do.
 {{- printf "%s/%s:%s" $registry $img.repository (default $root.Chart.AppVersion $img.tag) -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The external metrics provider's Service and its serving Secret. */ -}}
+{{- define "modelfleet.externalMetricsService" -}}
+{{- printf "%s-external-metrics" (include "modelfleet.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "modelfleet.externalMetricsSecret" -}}
+{{- .Values.externalMetrics.certSecret | default (printf "%s-tls" (include "modelfleet.externalMetricsService" .) | trunc 63 | trimSuffix "-") -}}
+{{- end -}}

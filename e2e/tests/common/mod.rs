@@ -6,6 +6,7 @@
 pub mod affinity;
 pub mod delivery;
 pub mod fleet;
+pub mod load;
 pub mod ramp;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -223,6 +224,9 @@ pub fn registry() -> String {
     std::env::var("MF_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5000".into())
 }
 
+/// The taint key placement.rs puts on the node (effect NoSchedule) while its pool scenario runs.
+pub const PLACEMENT_TAINT: &str = "modelfleet.io/e2e-placement";
+
 /// The namespace the chart installs the operator into.
 pub const OPERATOR_NS: &str = "modelfleet-system";
 
@@ -262,6 +266,8 @@ pub async fn ensure_operator() {
                 .args(node_dir_values())
                 // The fleet gateway: one replica, at MF_GATEWAY_URL.
                 .args(gateway_values())
+                // The operator serves external.metrics.k8s.io (placement.rs drives an HPA with it).
+                .args(["--set", "externalMetrics.enabled=true"])
                 .output()
                 .expect("helm on PATH (eval \"$(e2e/cluster env)\")");
             assert!(
@@ -270,6 +276,9 @@ pub async fn ensure_operator() {
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
+            // A placement scenario killed mid-run leaves its taint on the one node: nothing would
+            // schedule. It removes the taint itself on every other path.
+            let _ = kubectl(&["taint", "nodes", "--all", &format!("{PLACEMENT_TAINT}-")], None);
             *done = true;
         }
     }

@@ -1,7 +1,8 @@
 //! The autoscaler's driver: the replica count of one reconcile pass — `spec.replicas` (External,
 //! Disabled, or no autoscaling) or the built-in autoscaler's decision from fresh metrics — sampled
 //! (pod scrapes or PromQL, and the gateway's demand with `minReplicas: 0`), decided ([`decide`], pure;
-//! [`zero`] for going to and from zero), and recorded with what status says about it.
+//! [`zero`] for going to and from zero; a scale-up held while a pod cannot be scheduled, [`hold`]),
+//! and recorded with what status says about it.
 //!
 //! Status hygiene: observed metrics are rewritten only with a scaling decision or, when they changed
 //! (rounded), at most every [`METRICS_WRITE_INTERVAL`]; the decision history is bounded. The
@@ -182,9 +183,10 @@ impl Autoscaler {
             lead,
             fallback_mu: saturated_figure(&prev),
         };
-        let (sample, demand, mut decision, objectives) = self
+        let (sample, demand, decision, objectives) = self
             .sample_and_decide(md, &plan, pods, (&key, &state), current, now)
             .await;
+        let (mut decision, held) = super::hold::hold_unplaced(decision, current, spec.min_replicas, pods);
         if !windows.is_empty() {
             decision.reason = format!(
                 "{} (schedule windows in force: {})",
@@ -195,7 +197,7 @@ impl Autoscaler {
         if let Some(m) = self.memory().get_mut(&key) {
             m.state = decision.state.clone();
         }
-        let scaling = verdict(&sample, &demand, current);
+        let scaling = held.unwrap_or_else(|| verdict(&sample, &demand, current));
         let objectives = (targets.is_some() || !spec.schedule.is_empty()).then(|| ObjectivesStatus {
             schedule_windows: windows,
             ..objectives.unwrap_or_default()

@@ -12,8 +12,11 @@
 //! the node's shared model cache is mounted only for namespaces the cluster admin opted in; a
 //! terminating pod keeps serving for `preStop` seconds before SIGTERM so endpoints drop it first.
 //! A speculative draft model is fetched and verified by a second init container into its own volume
-//! (with the same limits and security), and `serve` checks its digest again at start-up.
+//! (with the same limits and security), and `serve` checks its digest again at start-up. The pod
+//! settings (node selector, tolerations, …, the `podTemplate` overlay) are merged in last
+//! ([`super::placement`]), which refuses any change to what this module owns.
 
+use super::placement::{self, PodTemplateError};
 use super::{model_volume, owned_meta};
 use crate::config::{ModelCache, OperatorConfig, quantity_bytes};
 use crate::labels::{
@@ -75,21 +78,18 @@ pub fn served_name(md: &ModelDeployment) -> String {
         .unwrap_or_else(|| md.metadata.name.clone().unwrap_or_default())
 }
 
-/// The runtime Deployment for `md` with `replicas` pods.
-pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: i32) -> Deployment {
+/// The runtime Deployment for `md` with `replicas` pods: the operator's pod template with the pod
+/// settings (the chart's defaults, then the ModelDeployment's) merged in ([`placement`]), or why they
+/// cannot be.
+pub fn desired_deployment(
+    md: &ModelDeployment,
+    cfg: &OperatorConfig,
+    replicas: i32,
+) -> Result<Deployment, PodTemplateError> {
     let name = md.metadata.name.clone().unwrap_or_default();
     let runtime = md.spec.runtime.clone().unwrap_or_default();
-    let image = runtime.image.clone().unwrap_or_else(|| cfg.runtime_image.clone());
-    let annotations = BTreeMap::from([
-        ("prometheus.io/scrape".to_string(), "true".to_string()),
-        ("prometheus.io/port".to_string(), METRICS_PORT.to_string()),
-        ("prometheus.io/path".to_string(), "/metrics".to_string()),
-        (DIGEST_ANNOTATION.to_string(), md.spec.model.digest.clone()),
-        (SOURCE_ANNOTATION.to_string(), model_source_key(md)),
-    ]);
-    let mut pod_labels = crate::labels::labels(&name);
-    pod_labels.extend(selector_labels(&name));
-    Deployment {
+    let template = placement::place(pod_template(md, &runtime, cfg), &cfg.pod_defaults, &runtime.pod)?;
+    Ok(Deployment {
         metadata: owned_meta(md, workload_name(&name)),
         spec: Some(DeploymentSpec {
             replicas: Some(replicas),
@@ -106,28 +106,44 @@ pub fn desired_deployment(md: &ModelDeployment, cfg: &OperatorConfig, replicas: 
             }),
             revision_history_limit: Some(5),
             progress_deadline_seconds: Some(600),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
-                    annotations: Some(annotations),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    init_containers: Some(init_containers(md, &runtime, &image, cfg)),
-                    containers: vec![runtime_container(md, &runtime, &image, cfg)],
-                    volumes: Some(volumes(md, &runtime, cfg)),
-                    termination_grace_period_seconds: Some(
-                        cfg.termination_grace_seconds + cfg.pre_stop_seconds.max(0),
-                    ),
-                    automount_service_account_token: Some(false),
-                    security_context: Some(pod_security(cfg)),
-                    image_pull_secrets: pull_secrets(md, cfg),
-                    ..Default::default()
-                }),
-            },
+            template,
             ..Default::default()
         }),
         ..Default::default()
+    })
+}
+
+/// The operator's own pod template (before the pod settings).
+fn pod_template(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorConfig) -> PodTemplateSpec {
+    let name = md.metadata.name.clone().unwrap_or_default();
+    let image = runtime.image.clone().unwrap_or_else(|| cfg.runtime_image.clone());
+    let annotations = BTreeMap::from([
+        ("prometheus.io/scrape".to_string(), "true".to_string()),
+        ("prometheus.io/port".to_string(), METRICS_PORT.to_string()),
+        ("prometheus.io/path".to_string(), "/metrics".to_string()),
+        (DIGEST_ANNOTATION.to_string(), md.spec.model.digest.clone()),
+        (SOURCE_ANNOTATION.to_string(), model_source_key(md)),
+    ]);
+    let mut pod_labels = crate::labels::labels(&name);
+    pod_labels.extend(selector_labels(&name));
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            init_containers: Some(init_containers(md, runtime, &image, cfg)),
+            containers: vec![runtime_container(md, runtime, &image, cfg)],
+            volumes: Some(volumes(md, runtime, cfg)),
+            termination_grace_period_seconds: Some(
+                cfg.termination_grace_seconds + cfg.pre_stop_seconds.max(0),
+            ),
+            automount_service_account_token: Some(false),
+            security_context: Some(pod_security(cfg)),
+            image_pull_secrets: pull_secrets(md, cfg),
+            ..Default::default()
+        }),
     }
 }
 

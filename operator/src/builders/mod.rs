@@ -5,7 +5,9 @@
 pub mod adapters;
 pub mod deployment;
 pub mod model_volume;
+pub mod overlay;
 pub mod pdb;
+pub mod placement;
 pub mod secret;
 pub mod service;
 

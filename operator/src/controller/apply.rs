@@ -53,7 +53,8 @@ pub async fn owned_objects(
         }
         None => new_token(),
     };
-    let (secret, deployment, service, pdb) = desired_objects(md, &ctx.cfg, replicas, &token);
+    let (secret, deployment, service, pdb) =
+        desired_objects(md, &ctx.cfg, replicas, &token).map_err(|e| Error::Invalid(e.to_string()))?;
     if kept.is_none() {
         Api::<Secret>::namespaced(ctx.client.clone(), &ns)
             .create(&PostParams::default(), &secret)

@@ -182,24 +182,28 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
     }))
 }
 
-/// Used by the builders' callers and tests: the desired objects for a pass.
+/// Used by the builders' callers and tests: the desired objects for a pass, or why the pod settings
+/// cannot make a pod template.
 pub fn desired_objects(
     md: &ModelDeployment,
     cfg: &OperatorConfig,
     replicas: i32,
     token: &str,
-) -> (
-    k8s_openapi::api::core::v1::Secret,
-    Deployment,
-    k8s_openapi::api::core::v1::Service,
-    k8s_openapi::api::policy::v1::PodDisruptionBudget,
-) {
+) -> Result<
     (
+        k8s_openapi::api::core::v1::Secret,
+        Deployment,
+        k8s_openapi::api::core::v1::Service,
+        k8s_openapi::api::policy::v1::PodDisruptionBudget,
+    ),
+    builders::placement::PodTemplateError,
+> {
+    Ok((
         builders::desired_admin_secret(md, token),
-        builders::desired_deployment(md, cfg, replicas),
+        builders::desired_deployment(md, cfg, replicas)?,
         builders::desired_service(md),
         builders::desired_pdb(md, replicas),
-    )
+    ))
 }
 
 #[cfg(test)]

@@ -39,6 +39,9 @@ pub struct Seen {
     pub startup: Vec<crate::builders::adapters::AdapterSpec>,
     /// An object that blocks applying (the `NameConflict` message).
     pub conflict: Option<String>,
+    /// Why the pod settings cannot make a pod template (the `InvalidPodTemplate` message): nothing is
+    /// applied, the pods of the last good template keep serving.
+    pub invalid_pod: Option<String>,
     /// Other deployments claiming one of its served names.
     pub clashes: Vec<served_names::Clash>,
     /// What the pods that are not Ready yet are doing (`status.starting`).
@@ -82,6 +85,9 @@ pub async fn observe(md: &ModelDeployment, ctx: &Context) -> Result<Seen, Error>
     let starting = crate::starting::observe(&ctx.http, &pods).await;
     Ok(Seen {
         conflict: ownership::conflict(md, &owned),
+        invalid_pod: builders::desired_deployment(md, &ctx.cfg, 1)
+            .err()
+            .map(|e| e.to_string()),
         clashes: ctx.peers.clashes(md, ctx.cfg.served_name_scope),
         ns,
         name,
@@ -94,9 +100,10 @@ pub async fn observe(md: &ModelDeployment, ctx: &Context) -> Result<Seen, Error>
 }
 
 /// Decides the replica count and applies everything the operator owns, then sweeps stray adapters
-/// off the ready pods and samples capacity — or, over a conflict, changes nothing.
+/// off the ready pods and samples capacity — or, over a conflict or pod settings that make no pod
+/// template, changes nothing.
 pub async fn act(md: &ModelDeployment, ctx: &Context, seen: &Seen) -> Result<Acted, Error> {
-    if seen.conflict.is_some() {
+    if seen.conflict.is_some() || seen.invalid_pod.is_some() {
         return Ok(Acted {
             scaled: scale::unchanged(md),
             deployment: None,
@@ -171,6 +178,7 @@ pub fn desired_status(
         tenants: seen.tenants.clone(),
         scaling: scaled.scaling.clone(),
         conflict: seen.conflict.clone(),
+        invalid_pod: seen.invalid_pod.clone(),
         served_name_conflict: served_names::message(&seen.clashes),
         now,
         gpus_reserved: crate::status::gpus_reserved(

@@ -43,10 +43,11 @@ pub fn in_flight(s: Option<&RolloutStatus>) -> bool {
     })
 }
 
-/// The revision the spec asks for.
-pub fn desired_revision(md: &ModelDeployment, ctx: &Context) -> String {
-    let mut d = crate::builders::desired_deployment(md, &ctx.cfg, 1);
-    label_revision(&mut d)
+/// The revision the spec asks for (`None` when its pod settings cannot make a pod template: the pass
+/// then applies nothing and says why).
+pub fn desired_revision(md: &ModelDeployment, ctx: &Context) -> Option<String> {
+    let mut d = crate::builders::desired_deployment(md, &ctx.cfg, 1).ok()?;
+    Some(label_revision(&mut d))
 }
 
 fn label<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
@@ -65,7 +66,7 @@ pub async fn step(md: &ModelDeployment, ctx: &Context, pods: &[Pod]) -> Option<w
     }
     let spec = md.spec.rollout.as_ref()?;
     let previous = md.status.as_ref().and_then(|s| s.rollout.as_ref());
-    let desired = desired_revision(md, ctx);
+    let desired = desired_revision(md, ctx)?;
     let canary_ready = pods.iter().any(|p| {
         is_canary(p) && label(p, REVISION_LABEL) == Some(&desired) && modelfleet_crds::pods::is_ready(p)
     });

@@ -9,7 +9,7 @@ fn pod_spec(d: &Deployment) -> &PodSpec {
 
 #[test]
 fn minimal_deployment() {
-    let d = desired_deployment(&minimal(), &OperatorConfig::default(), 2);
+    let d = desired_deployment(&minimal(), &OperatorConfig::default(), 2).unwrap();
     assert_eq!(d.metadata.name.as_deref(), Some("smollm2"));
     assert_eq!(d.metadata.namespace.as_deref(), Some("serving"));
     let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
@@ -136,7 +136,7 @@ fn containers_are_locked_down_and_volumes_bounded() {
         model_volume_size_limit: Some("20Gi".into()),
         ..Default::default()
     };
-    let d = desired_deployment(&minimal(), &cfg, 1);
+    let d = desired_deployment(&minimal(), &cfg, 1).unwrap();
     let pod = pod_spec(&d);
     let psc = pod.security_context.as_ref().unwrap();
     assert_eq!(
@@ -199,7 +199,7 @@ fn containers_are_locked_down_and_volumes_bounded() {
         pre_stop_seconds: 0,
         ..Default::default()
     };
-    let d = desired_deployment(&minimal(), &none, 1);
+    let d = desired_deployment(&minimal(), &none, 1).unwrap();
     assert!(pod_spec(&d).containers[0].lifecycle.is_none());
 }
 
@@ -211,7 +211,7 @@ fn the_shared_cache_is_mounted_only_in_namespaces_that_opted_in() {
             model_cache_namespaces: namespaces,
             ..Default::default()
         };
-        let d = desired_deployment(&minimal(), &cfg, 1);
+        let d = desired_deployment(&minimal(), &cfg, 1).unwrap();
         let pod = pod_spec(&d);
         let volume = pod
             .volumes
@@ -247,7 +247,7 @@ fn spec_fields_become_flags_mounts_and_resources() {
         model_cache_namespaces: crate::config::NamespaceSet::All,
         ..Default::default()
     };
-    let d = desired_deployment(&md, &cfg, 1);
+    let d = desired_deployment(&md, &cfg, 1).unwrap();
     let pod = pod_spec(&d);
     let main = &pod.containers[0];
     assert_eq!(main.image.as_deref(), Some("registry/runtime:v2"));
@@ -308,7 +308,7 @@ fn no_cache_means_no_cache_flag_or_volume() {
         model_cache: ModelCache::None,
         ..Default::default()
     };
-    let d = desired_deployment(&minimal(), &cfg, 1);
+    let d = desired_deployment(&minimal(), &cfg, 1).unwrap();
     let pod = pod_spec(&d);
     assert!(
         !pod.init_containers.as_ref().unwrap()[0]
@@ -345,7 +345,7 @@ fn speculative_config_becomes_the_flag_and_a_draft_model_a_verified_fetch() {
                            "disable_by_batch_size": 8})
     );
     assert_eq!(
-        pod_spec(&desired_deployment(&ngram, &OperatorConfig::default(), 1))
+        pod_spec(&desired_deployment(&ngram, &OperatorConfig::default(), 1).unwrap())
             .init_containers
             .as_ref()
             .unwrap()
@@ -358,7 +358,7 @@ fn speculative_config_becomes_the_flag_and_a_draft_model_a_verified_fetch() {
          method: DraftModel\n      numSpeculativeTokens: 3\n      draftModel:\n        uri: hf://org/small@v1\n        \
          digest: \"{draft_digest}\"\n"
     ));
-    let d = desired_deployment(&draft, &OperatorConfig::default(), 1);
+    let d = desired_deployment(&draft, &OperatorConfig::default(), 1).unwrap();
     let pod = pod_spec(&d);
     let fetch = &pod.init_containers.as_ref().unwrap()[1];
     assert_eq!(fetch.name, FETCH_DRAFT_CONTAINER);
@@ -404,7 +404,7 @@ fn prefix_caching_off() {
 
 #[test]
 fn adapters_come_from_a_mounted_directory_and_never_restart_pods() {
-    let d = desired_deployment(&minimal(), &OperatorConfig::default(), 1);
+    let d = desired_deployment(&minimal(), &OperatorConfig::default(), 1).unwrap();
     let pod = pod_spec(&d);
     let volume = pod
         .volumes
@@ -464,7 +464,7 @@ fn a_memory_limit_reaches_the_runtime_through_the_downward_api() {
         "  model:\n    uri: file:///m\n    digest: \"{DIGEST}\"\n  runtime:\n    resources:\n      limits:\n        \
          memory: 2Gi\n      requests:\n        memory: 1Gi\n"
     ));
-    let d = desired_deployment(&with_limit, &OperatorConfig::default(), 1);
+    let d = desired_deployment(&with_limit, &OperatorConfig::default(), 1).unwrap();
     let main = &pod_spec(&d).containers[0];
     let env = main
         .env
@@ -497,7 +497,7 @@ fn a_memory_limit_reaches_the_runtime_through_the_downward_api() {
         let m = md(&format!(
             "  model:\n    uri: file:///m\n    digest: \"{DIGEST}\"\n{spec}"
         ));
-        let d = desired_deployment(&m, &OperatorConfig::default(), 1);
+        let d = desired_deployment(&m, &OperatorConfig::default(), 1).unwrap();
         let env = pod_spec(&d).containers[0].env.clone().unwrap();
         assert!(
             env.iter().all(|e| e.name != "MODELFLEET_MEMORY_LIMIT_BYTES"),
@@ -512,7 +512,7 @@ fn adapter_file_roots_are_the_operators_setting() {
         adapter_file_roots: vec!["/srv/adapters".into(), "/mnt/shared".into()],
         ..Default::default()
     };
-    let d = desired_deployment(&minimal(), &cfg, 1);
+    let d = desired_deployment(&minimal(), &cfg, 1).unwrap();
     let args = pod_spec(&d).containers[0].args.as_ref().unwrap().join(" ");
     assert!(
         args.contains("--adapter-file-roots /srv/adapters,/mnt/shared"),
@@ -522,7 +522,7 @@ fn adapter_file_roots_are_the_operators_setting() {
 
 #[test]
 fn node_file_roots_are_mounted_read_only_at_their_paths_in_fetch_and_runtime() {
-    let none = desired_deployment(&minimal(), &OperatorConfig::default(), 1);
+    let none = desired_deployment(&minimal(), &OperatorConfig::default(), 1).unwrap();
     let volumes = pod_spec(&none).volumes.clone().unwrap_or_default();
     assert!(
         !volumes.iter().any(|v| v.name.starts_with("node-files")),
@@ -532,7 +532,7 @@ fn node_file_roots_are_mounted_read_only_at_their_paths_in_fetch_and_runtime() {
         node_file_roots: vec!["/srv/models".into(), "/mnt/adapters".into()],
         ..Default::default()
     };
-    let d = desired_deployment(&minimal(), &cfg, 1);
+    let d = desired_deployment(&minimal(), &cfg, 1).unwrap();
     let pod = pod_spec(&d);
     let paths: Vec<(String, String)> = pod
         .volumes
@@ -572,7 +572,7 @@ fn node_file_roots_are_mounted_only_in_the_namespaces_listed() {
         ..Default::default()
     };
     let mounts = |cfg: &OperatorConfig| {
-        let d = desired_deployment(&minimal(), cfg, 1);
+        let d = desired_deployment(&minimal(), cfg, 1).unwrap();
         pod_spec(&d)
             .volumes
             .iter()
@@ -600,7 +600,7 @@ fn the_runtime_image_its_pull_policy_and_pull_secrets_come_from_the_operator() {
         image_pull_secrets: vec!["regcred".into()],
         ..OperatorConfig::default()
     };
-    let d = desired_deployment(&minimal(), &cfg, 1);
+    let d = desired_deployment(&minimal(), &cfg, 1).unwrap();
     let pod = pod_spec(&d);
     let secrets: Vec<&str> = pod
         .image_pull_secrets
@@ -619,7 +619,7 @@ fn the_runtime_image_its_pull_policy_and_pull_secrets_come_from_the_operator() {
         assert_eq!(c.image_pull_policy.as_deref(), Some("Always"), "{}", c.name);
     }
     // None given: Kubernetes' defaults, nothing written.
-    let d = desired_deployment(&minimal(), &OperatorConfig::default(), 1);
+    let d = desired_deployment(&minimal(), &OperatorConfig::default(), 1).unwrap();
     assert!(pod_spec(&d).image_pull_secrets.is_none());
     assert!(pod_spec(&d).containers[0].image_pull_policy.is_none());
 }
@@ -635,7 +635,7 @@ fn a_model_image_is_an_image_volume_checked_in_place() {
          publicKeySecretRef: {{name: keys}}\n",
         h = "2".repeat(64)
     ));
-    let d = desired_deployment(&m, &OperatorConfig::default(), 1);
+    let d = desired_deployment(&m, &OperatorConfig::default(), 1).unwrap();
     let pod = pod_spec(&d);
     let model = pod.volumes.iter().flatten().find(|v| v.name == "model").unwrap();
     let image = model.image.as_ref().expect("an image volume");
@@ -700,7 +700,7 @@ fn a_claim_is_mounted_read_only_at_its_path() {
     let m = md(&format!(
         "  model:\n    uri: pvc://shared/models/m\n    digest: \"{DIGEST}\"\n"
     ));
-    let d = desired_deployment(&m, &OperatorConfig::default(), 1);
+    let d = desired_deployment(&m, &OperatorConfig::default(), 1).unwrap();
     let pod = pod_spec(&d);
     let claim = pod.volumes.iter().flatten().find(|v| v.name == "model").unwrap();
     let pvc = claim.persistent_volume_claim.as_ref().unwrap();
