@@ -15,6 +15,7 @@ FUZZ_SECONDS ?= 60
 .PHONY: setup build up down test lint unit e2e crds clean-cluster fuzz dist images push images-check
 
 setup:
+	@echo "[make] $$(date -u +%FT%TZ) setup"
 	bash e2e/scripts/setup.sh
 
 build:
@@ -31,10 +32,12 @@ crds:
 	$(CARGO) run -q -p modelfleet-operator -- crds --out-dir charts/modelfleet/crds
 
 lint:
+	@echo "[make] $$(date -u +%FT%TZ) lint"
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 unit:
+	@echo "[make] $$(date -u +%FT%TZ) unit"
 	MODELFLEET_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --workspace
 
 # Release artifacts (docs/install.md): the release binaries, the three images (buildah, no daemon), and
@@ -43,12 +46,14 @@ dist:
 	bash images/build.sh dist
 
 images:
+	@echo "[make] $$(date -u +%FT%TZ) images"
 	bash images/build.sh images
 
 push:
 	bash images/build.sh push
 
 images-check: images
+	@echo "[make] $$(date -u +%FT%TZ) images-check"
 	bash images/check.sh
 
 fuzz:
@@ -56,6 +61,8 @@ fuzz:
 		--test constraint_fuzz -- --nocapture
 
 e2e: build
+	@echo "[make] $$(date -u +%FT%TZ) e2e"
 	bash e2e/scripts/run-e2e.sh
 
 test: setup lint unit images-check e2e
+	@echo "[make] $$(date -u +%FT%TZ) done"

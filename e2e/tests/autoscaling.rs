@@ -4,10 +4,11 @@
 //!   replicas when it opens, not after; when it closes the fleet returns to what the objectives need
 //!   (idle: 1); a night window with `maxReplicas: 0` lets the deployment rest at zero, and a request
 //!   through the gateway still wakes it.
-//! - The objectives autoscaler against today's queue/KV autoscaler with its default targets, on the same
-//!   ramp of arrivals (low, rising to about three replicas' worth, holding, falling; Poisson, seeded),
-//!   one after the other: the share of requests over each objective and the replica-seconds of each are
-//!   printed for the closing note. Each replica is held to half a CPU (a CPU limit), so a replica is a
+//! - The objectives autoscaler on a ramp of arrivals (low, rising to about three replicas' worth,
+//!   holding, falling; Poisson, seeded) scales out for the peak and back without failing a request;
+//!   with `MF_E2E_RAMP_COMPARE=1` (a benchmark: docs/benchmarks.md) today's queue/KV autoscaler with
+//!   its default targets runs the same ramp first, and the share of requests over each objective and the
+//!   replica-seconds of each are printed side by side. Each replica is held to half a CPU (a CPU limit), so a replica is a
 //!   fixed amount of capacity, as a GPU would be, rather than a share of the two cores all replicas sit on.
 //!
 //! Run by `make e2e`; nothing is mocked.
@@ -347,24 +348,35 @@ async fn objectives_and_queue_targets_side_by_side_on_one_ramp() {
     let _serial = SERIAL.lock().await;
     ensure_operator().await;
     let model = smollm2_shaped_model();
-    let (queue, shape) = ramp_mode("queue", &model, RAMP_BOUNDS, None).await;
     let objectives = format!(
         "{RAMP_BOUNDS}    objectives:\n      ttftP95: {}ms\n      itlP95: {}ms\n      windowSeconds: 30\n",
         TTFT_OBJECTIVE * 1e3,
         ITL_OBJECTIVE * 1e3
     );
-    let (slo, _) = ramp_mode("objectives", &model, &objectives, Some(shape)).await;
-    let (q_all, _, q_failed) = queue.report("queue/KV defaults");
-    let (s_all, s_after, s_failed) = slo.report("objectives");
-    eprintln!(
-        "objectives vs queue/KV: violations {:.1}% vs {:.1}%, replica-seconds {:.2}x",
-        100.0 * s_all,
-        100.0 * q_all,
-        slo.replicas.seconds / queue.replicas.seconds
-    );
+    // The comparison is a benchmark (docs/benchmarks.md): the queue/KV run before the objectives one
+    // doubles the scenario's 6 minutes, so `make e2e` runs the objectives mode alone.
+    let compare = std::env::var("MF_E2E_RAMP_COMPARE").is_ok_and(|v| v == "1");
+    let queue = match compare {
+        true => Some(ramp_mode("queue", &model, RAMP_BOUNDS, None).await),
+        false => None,
+    };
+    let shape = queue.as_ref().map(|(_, shape)| shape.clone());
+    let (slo, _) = ramp_mode("objectives", &model, &objectives, shape).await;
+    let (s_all, _, s_failed) = slo.report("objectives");
+    let mut runs = vec![("objectives", &slo, s_failed)];
+    if let Some((queue, _)) = &queue {
+        let (q_all, _, q_failed) = queue.report("queue/KV defaults");
+        eprintln!(
+            "objectives vs queue/KV: violations {:.1}% vs {:.1}%, replica-seconds {:.2}x",
+            100.0 * s_all,
+            100.0 * q_all,
+            slo.replicas.seconds / queue.replicas.seconds
+        );
+        runs.push(("queue", queue, q_failed));
+    }
     // What holds on a shared two-core machine every run (the bars of the issue are reported, not
-    // asserted: see the closing note): both modes scale out for the peak and back, nothing fails.
-    for (mode, run, failed) in [("queue", &queue, q_failed), ("objectives", &slo, s_failed)] {
+    // asserted: see the closing note): each mode scales out for the peak and back, nothing fails.
+    for (mode, run, failed) in runs {
         assert!(run.replicas.most >= 2, "[{mode}] scaled out for the peak");
         assert!(
             failed <= 0.01,
@@ -372,5 +384,4 @@ async fn objectives_and_queue_targets_side_by_side_on_one_ramp() {
             100.0 * failed
         );
     }
-    let _ = s_after;
 }

@@ -252,7 +252,11 @@ pub async fn ensure_operator() {
                 None,
             );
             let chart = repo_root().join("charts/modelfleet");
-            let out = std::process::Command::new("helm")
+            // Scenario binaries run side by side (scripts/run-e2e.sh): one helm operation on the
+            // release at a time, or the second fails with "another operation is in progress".
+            let lock = cluster_dir().join("helm.lock");
+            let out = std::process::Command::new("flock")
+                .args([lock.to_str().unwrap(), "helm"])
                 .args(["upgrade", "--install", "modelfleet", chart.to_str().unwrap()])
                 .args([
                     "--namespace",
@@ -269,7 +273,7 @@ pub async fn ensure_operator() {
                 // The operator serves external.metrics.k8s.io (placement.rs drives an HPA with it).
                 .args(["--set", "externalMetrics.enabled=true"])
                 .output()
-                .expect("helm on PATH (eval \"$(e2e/cluster env)\")");
+                .expect("flock and helm on PATH (eval \"$(e2e/cluster env)\")");
             assert!(
                 out.status.success(),
                 "helm install failed: {}{}",
