@@ -35,12 +35,14 @@ bash e2e/scripts/push-images.sh
 # --ignored), not through `cargo test`, which holds the build directory's lock while tests run.
 declare -A bin=()
 while IFS=$'\t' read -r name path; do bin[$name]=$path; done < <(
-  cargo test --workspace --tests --no-run --message-format=json 2>/dev/null | python3 -c '
+  cargo test --workspace --tests --no-run --message-format=json | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     t = m.get("target", {})
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in t.get("kind", []) \
+    if m.get("reason") == "compiler-message":
+        print(m["message"]["rendered"], end="", file=sys.stderr)
+    elif m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in t.get("kind", []) \
             and t.get("src_path", "").startswith("'"$PWD"'/e2e/tests/"):
         print(t["name"], m["executable"], sep="\t")')
 
