@@ -35,6 +35,7 @@ fn main() {
         num_kv_heads: 3,
         head_dim: 64,
         scale: 0.125,
+        window: None,
     };
     let block = 16;
     let max_rows = rows.iter().copied().max().unwrap_or(1);

@@ -109,6 +109,9 @@ pub struct AttnHeads {
     pub head_dim: usize,
     /// Score scale, normally `1/sqrt(head_dim)`.
     pub scale: f32,
+    /// Sliding window: the query at position `p` sees positions `p + 1 − window ..= p` only (Mistral,
+    /// Gemma's local layers); `None` sees the whole context.
+    pub window: Option<usize>,
 }
 
 /// Rotary-embedding parameters.

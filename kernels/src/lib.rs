@@ -33,7 +33,7 @@ pub use layout::{AttnHeads, AttnSeq, KvDType, KvLayout, Rope};
 pub use quant::QuantKind;
 pub use weight::{ByteSource, DType, HostWeight, WeightData, WeightError};
 
-/// The operations a Llama-family forward pass needs, on backend-owned buffers.
+/// The operations the decoder's forward pass needs, on backend-owned buffers.
 ///
 /// Buffers are f32 and sized by the caller; shapes are passed explicitly (row-major `rows × width`).
 /// Indices and metadata (`ids`, `positions`, block tables) are host slices: a device backend copies them
@@ -71,6 +71,10 @@ pub trait Kernels: Send + Sync {
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
     /// `out = silu(gate) * up` over `len` elements (SwiGLU).
     fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize);
+    /// `out = gelu_tanh(gate) * up` over `len` elements (GeGLU, the tanh approximation of GELU).
+    fn gelu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, len: usize);
+    /// `x[..len] *= factor`.
+    fn scale(&self, x: &mut Self::Buf, len: usize, factor: f32);
     /// Rotary embedding in place on `rows × num_heads × head_dim`, row `r` at `positions[r]`.
     fn rope(&self, x: &mut Self::Buf, num_heads: usize, head_dim: usize, positions: &[u32], rope: Rope<'_>);
     /// Stores row `r` of `k`/`v` (`rows × num_kv_heads × head_dim`) at slot id `slots[r]`.

@@ -3,7 +3,9 @@
 //! an online (running-max) softmax for every query vector it carries, never materialising the
 //! attention matrix.
 //!
-//! Invariants: the query at position `p` attends to positions `0..=p` of its own sequence only; the
+//! Invariants: the query at position `p` attends to positions `0..=p` of its own sequence only (under a
+//! sliding window of `w`, to `p + 1 − w..=p`: the walk starts at the chunk holding the window's first
+//! position and masks the positions before it, and rows then share no walk); the
 //! walk is in position order in chunks of at most [`CHUNK`] positions that never straddle a block, so
 //! the arithmetic for one (row, head) depends only on that row's query and the cached K/V — not on the
 //! batch, the other rows of a prefill chunk, the walk it shares, or thread scheduling. A token's output
@@ -55,6 +57,11 @@ struct Task<'a, E> {
     k_cache: &'a [E],
     v_cache: &'a [E],
     scale: f32,
+    /// The first position this row sees (0, or the start of its sliding window); positions before it
+    /// in the walk's first chunk are masked.
+    lo: usize,
+    /// Sliding window (`AttnHeads::window`).
+    window: Option<usize>,
 }
 
 /// A piece of the walk: `len` positions from slot `slot0` of one block, with the cache offsets of its
@@ -183,6 +190,8 @@ fn attend<E: KvElem>(
             k_cache,
             v_cache,
             scale: heads.scale,
+            lo: 0,
+            window: heads.window,
         };
         // Where vector (r, h) of the walk lives in `q` and `out`.
         let at =
@@ -229,7 +238,8 @@ unsafe fn walk_rows<E: KvElem>(
         }
         joint = next;
     }
-    if w.rows > 1 && joint > 0 {
+    // Under a sliding window each row starts at its own window, so rows share no walk.
+    if w.rows > 1 && joint > 0 && t.window.is_none() {
         let shared = Task {
             q: &qs,
             pos: joint - 1,
@@ -242,10 +252,18 @@ unsafe fn walk_rows<E: KvElem>(
     }
     for r in 0..w.rows {
         let (lo, hi) = (r * w.heads, (r + 1) * w.heads);
+        let pos = t.pos + r;
+        let row_lo = t.window.map_or(0, |win| (pos + 1).saturating_sub(win.max(1)));
         let row = Task {
             q: &qs[lo * hd..hi * hd],
-            pos: t.pos + r,
+            pos,
+            lo: row_lo,
             ..*t
+        };
+        let from = if row_lo > 0 {
+            chunk_start(bs, row_lo)
+        } else {
+            joint
         };
         // SAFETY: our contract; row `r`'s `heads` vectors and their state.
         unsafe {
@@ -253,7 +271,7 @@ unsafe fn walk_rows<E: KvElem>(
                 isa,
                 w.heads,
                 &row,
-                joint,
+                from,
                 (&mut m[lo..hi], &mut l[lo..hi]),
                 &mut acc[lo * hd..hi * hd],
                 true,
@@ -265,6 +283,16 @@ unsafe fn walk_rows<E: KvElem>(
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.at(at(r, h)), hd) };
         }
     }
+}
+
+/// The start of the walk's chunk that holds position `p`: chunks are cut from each block's start, at
+/// most [`CHUNK`] positions long (as [`Task::chunk`] cuts them), so this is a whole-chunk boundary.
+fn chunk_start(bs: usize, p: usize) -> usize {
+    let mut start = p - p % bs;
+    while start + (bs - start % bs).min(CHUNK) <= p {
+        start += (bs - start % bs).min(CHUNK);
+    }
+    start
 }
 
 /// Walks `n ≤ MAX_VECTORS` query vectors (`t.q`) over positions `from..=t.pos` with the widest lanes
@@ -395,6 +423,18 @@ unsafe fn walk<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
         // SAFETY: `a` and `b` come from `t.chunk`, so each lies within one block (`len ≤ bs − slot0`)
         // and has at most CHUNK keys; `L` is available and `t` consistent (our contract).
         unsafe { score_chunks::<L, E, G>(t, a, b, &mut scores) };
+        if start < t.lo {
+            // The window's first chunk: positions before it get no weight (e^−∞ = 0).
+            for (first, at, len) in [(start, 0, a.len)]
+                .into_iter()
+                .chain(b.map(|c| (start + a.len, CHUNK, c.len)))
+            {
+                let masked = t.lo.saturating_sub(first).min(len);
+                scores
+                    .iter_mut()
+                    .for_each(|s| s[at..at + masked].fill(f32::NEG_INFINITY));
+            }
+        }
         for (c, at) in [(a, 0)].into_iter().chain(b.map(|c| (c, CHUNK))) {
             // SAFETY: `S` is available (our contract); `at + c.len ≤ 2 · CHUNK` and `c.len ≤ CHUNK`;
             // `out` holds `G` vectors of `hd`.

@@ -100,8 +100,14 @@ fn shape(
             num_kv_heads,
             head_dim,
             scale,
+            window: None,
         },
     )
+}
+
+/// Sliding windows tried: none, shorter than a block, and one that starts mid-chunk several blocks back.
+fn windows(bs: usize) -> [Option<usize>; 3] {
+    [None, Some(3), Some(3 * bs + 2)]
 }
 
 /// Every shape with both cache element types.
@@ -125,13 +131,16 @@ const SHAPES: [(usize, usize, usize, usize); 6] = [
 
 #[test]
 fn matches_dense_softmax_attention_and_every_isa_gives_the_same_bits() {
-    for ((num_heads, num_kv_heads, hd, bs), dtype) in cases() {
-        let (layout, heads) = shape(
+    for (((num_heads, num_kv_heads, hd, bs), dtype), window) in
+        cases().flat_map(|c| windows(c.0.3).map(|w| (c, w)))
+    {
+        let (layout, mut heads) = shape(
             (num_heads, num_kv_heads, hd, bs),
             dtype,
             24,
             1.0 / (hd as f32).sqrt(),
         );
+        heads.window = window;
         // Random everywhere: stale entries outside the sequences must not matter.
         let (kc, vc) = (random_cache(&layout, 7), random_cache(&layout, 8));
         let table_a: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 24).collect();
@@ -166,7 +175,8 @@ fn matches_dense_softmax_attention_and_every_isa_gives_the_same_bits() {
                 };
                 for h in 0..num_heads {
                     let kvh = h / (num_heads / num_kv_heads);
-                    let (keys, vals): (Vec<_>, Vec<_>) = (0..=pos)
+                    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let (keys, vals): (Vec<_>, Vec<_>) = (lo..=pos)
                         .map(|p| key_val(&layout, (&kc, &vc), table, kvh, p))
                         .unzip();
                     let at = r * width + h * hd;
@@ -174,7 +184,7 @@ fn matches_dense_softmax_attention_and_every_isa_gives_the_same_bits() {
                     for (d, (a, b)) in out[at..at + hd].iter().zip(&want).enumerate() {
                         assert!(
                             (a - b).abs() < 1e-4,
-                            "{isa:?} {dtype:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} row {r} head {h} dim {d}: {a} vs {b}"
+                            "{isa:?} {dtype:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} window {window:?} row {r} head {h} dim {d}: {a} vs {b}"
                         );
                     }
                 }
@@ -195,8 +205,11 @@ fn matches_dense_softmax_attention_and_every_isa_gives_the_same_bits() {
 
 #[test]
 fn a_row_gets_the_same_bits_alone_as_in_a_prefill_chunk() {
-    for ((num_heads, num_kv_heads, hd, bs), dtype) in cases() {
-        let (layout, heads) = shape((num_heads, num_kv_heads, hd, bs), dtype, 10, 0.2);
+    for (((num_heads, num_kv_heads, hd, bs), dtype), window) in
+        cases().flat_map(|c| windows(c.0.3).map(|w| (c, w)))
+    {
+        let (layout, mut heads) = shape((num_heads, num_kv_heads, hd, bs), dtype, 10, 0.2);
+        heads.window = window;
         let (kc, vc) = (random_cache(&layout, 11), random_cache(&layout, 12));
         let table: Vec<u32> = (0..10).rev().collect();
         let width = num_heads * hd;
@@ -236,7 +249,7 @@ fn a_row_gets_the_same_bits_alone_as_in_a_prefill_chunk() {
                         .iter()
                         .zip(&chunk[r * width..])
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{isa:?} on {threads} threads, {dtype:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} row {r}"
+                    "{isa:?} on {threads} threads, {dtype:?} {num_heads}/{num_kv_heads} hd {hd} bs {bs} window {window:?} row {r}"
                 );
             }
         }

@@ -118,6 +118,46 @@ unsafe fn silu_mul_lanes<S: Simd>(g: &[f32], u: &[f32], o: &mut [f32]) {
     }
 }
 
+/// `out = gelu_tanh(gate) · up` (GeGLU).
+pub(crate) fn gelu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    pool::for_each_chunk(out, 4096, 1, |c, o| {
+        let base = c * 4096;
+        let (g, u) = (&gate[base..base + o.len()], &up[base..base + o.len()]);
+        // SAFETY: the ISA was detected on this CPU; the slices have equal lengths.
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 | Isa::Avx512 => gelu_mul_avx2(g, u, o),
+                _ => gelu_mul_lanes::<Portable>(g, u, o),
+            }
+        }
+    });
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gelu_mul_avx2(g: &[f32], u: &[f32], o: &mut [f32]) {
+    // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller (`# Safety`);
+    // `gelu_mul_lanes` asks nothing else.
+    unsafe { gelu_mul_lanes::<super::simd::Avx2>(g, u, o) }
+}
+
+/// `o = gelu_tanh(g) · u`, 8 lanes at a time.
+///
+/// # Safety
+/// `S`'s instruction set must be available.
+#[inline(always)]
+unsafe fn gelu_mul_lanes<S: Simd>(g: &[f32], u: &[f32], o: &mut [f32]) {
+    // SAFETY: `S` is available (our contract); `simd::gelu_tanh` keeps its loads and stores within `g`
+    // and `o`.
+    unsafe { simd::gelu_tanh::<S>(g, o) };
+    for (o, u) in o.iter_mut().zip(u) {
+        *o *= u;
+    }
+}
+
 /// Stores new keys and values at their slots, in the cache's element type.
 pub(crate) fn write_kv(
     k: &[f32],
@@ -257,6 +297,40 @@ mod tests {
         rms_norm(&[3.0, 4.0], w.data(), 0.0, &mut out, 1);
         let inv = 1.0 / (12.5f32).sqrt();
         assert_eq!(out, [3.0 * inv, 2.0 * (4.0 * inv)]);
+    }
+
+    #[test]
+    fn gelu_mul_matches_the_tanh_formula_on_every_isa() {
+        // Across the range, the saturated ends, and a length with a tail (37 = 4 · 8 + 5).
+        let g: Vec<f32> = (0..37)
+            .map(|i| (i as f32 - 18.0) * 0.7)
+            .chain([-90.0, 90.0])
+            .collect();
+        let u: Vec<f32> = (0..g.len()).map(|i| 1.0 + i as f32 * 0.01).collect();
+        let want: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&x, &u)| {
+                let x = x as f64;
+                let t = ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh();
+                0.5 * x * (1.0 + t) * u as f64
+            })
+            .collect();
+        let mut isas = vec![Isa::Portable];
+        if Isa::detect().has_avx2() {
+            isas.push(Isa::Avx2);
+        }
+        for isa in isas {
+            let mut out = vec![f32::NAN; g.len()];
+            gelu_mul(isa, &g, &u, &mut out);
+            for (i, (o, w)) in out.iter().zip(&want).enumerate() {
+                assert!(
+                    ((*o as f64) - w).abs() <= 2e-6 * (1.0 + w.abs()),
+                    "{isa:?} element {i} (gate {}): {o} vs {w}",
+                    g[i]
+                );
+            }
+        }
     }
 
     #[test]

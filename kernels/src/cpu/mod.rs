@@ -209,6 +209,14 @@ impl Kernels for CpuKernels {
         elementwise::silu_mul(self.isa, &gate[..len], &up[..len], &mut out[..len]);
     }
 
+    fn gelu_mul(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) {
+        elementwise::gelu_mul(self.isa, &gate[..len], &up[..len], &mut out[..len]);
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, len: usize, factor: f32) {
+        x[..len].iter_mut().for_each(|v| *v *= factor);
+    }
+
     fn rope(&self, x: &mut Vec<f32>, num_heads: usize, head_dim: usize, positions: &[u32], rope: Rope<'_>) {
         elementwise::rope(x, num_heads, head_dim, positions, rope);
     }

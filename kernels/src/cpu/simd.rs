@@ -461,6 +461,34 @@ pub(crate) unsafe fn silu<S: Simd>(x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out[i] = gelu(x[i])` with the tanh approximation (PyTorch's `gelu(approximate="tanh")`, Gemma's
+/// `gelu_pytorch_tanh`): `½x(1 + tanh(y))` with `y = √(2/π)(x + 0.044715x³)`, computed as the equal
+/// `x / (1 + e^(−2y))` so it shares [`Simd::exp`] with SiLU; same padding as [`exp_shifted`].
+///
+/// # Safety
+/// As for [`exp_shifted`]: `S`'s instruction set must be available.
+#[inline(always)]
+pub(crate) unsafe fn gelu_tanh<S: Simd>(x: &[f32], out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    // SAFETY: as in `silu`: `S` is available (our contract), and memory is only touched through
+    // `load_padded`/`store_part` on the equally long checked subslices `x[i..n]` and `out[i..n]`.
+    unsafe {
+        let one = S::splat(1.0);
+        // −2·√(2/π) and −2·√(2/π)·0.044715.
+        let c1 = S::splat(-1.595_769_2);
+        let c3 = S::splat(-0.071_354_816);
+        let mut i = 0;
+        while i < n {
+            let (xv, full) = load_padded::<S>(&x[i..n]);
+            let x2 = S::mul(xv, xv);
+            let z = S::mul(xv, S::mul_add(c3, x2, c1));
+            let y = S::div(xv, S::add(one, S::exp(z)));
+            store_part::<S>(y, &mut out[i..n], full);
+            i += 8;
+        }
+    }
+}
+
 /// The first 8 elements of `x` (zero-padded when shorter) and whether there were 8.
 ///
 /// # Safety

@@ -22,7 +22,7 @@ use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::Kernels;
 use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
-use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
+use modelfleet_engine::model::{Decoder, LogitsRows, SeqInput};
 use std::path::Path;
 
 type Error = Box<dyn std::error::Error>;
@@ -49,13 +49,13 @@ fn log_softmax(v: &[f32]) -> Vec<f64> {
 /// One loaded model file.
 struct Model {
     md: ModelDir,
-    model: LlamaModel<CpuKernels>,
+    model: Decoder<CpuKernels>,
 }
 
 impl Model {
     fn open(path: &str, kernels: &CpuKernels) -> Result<Self, Error> {
         let md = ModelDir::open(Path::new(path))?;
-        let model = LlamaModel::load(kernels, md.config.clone(), &md.weights)?;
+        let model = Decoder::load(kernels, md.config.clone(), &md.weights)?;
         Ok(Self { md, model })
     }
 

@@ -20,7 +20,7 @@ use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::kernels::{Kernels, KvDType};
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
-use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
+use modelfleet_engine::model::{Decoder, LogitsRows, SeqInput};
 use std::time::Instant;
 
 fn arg(args: &[String], name: &str, default: usize) -> usize {
@@ -56,7 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let md = ModelDir::open(std::path::Path::new(dir))?;
     let kernels = CpuKernels::new(threads);
-    let model = LlamaModel::load(&kernels, md.config.clone(), &md.weights)?;
+    let model = Decoder::load(&kernels, md.config.clone(), &md.weights)?;
     let block = 16;
     let blocks = batch * (prompt_len + steps).div_ceil(block) + 1;
     let mut kv = KvCacheManager::new(FreeListPool::new(blocks), block);

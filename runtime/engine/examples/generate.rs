@@ -9,7 +9,7 @@
 use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
-use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
+use modelfleet_engine::model::{Decoder, LogitsRows, SeqInput};
 use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sequence::Sequence;
 use modelfleet_engine::tokenizer::ChatMessage;
@@ -25,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seed = args.get(5).map_or(Ok(0), |s| s.parse())?;
     let md = ModelDir::open(std::path::Path::new(path))?;
     let kernels = CpuKernels::new(0);
-    let model = LlamaModel::load(&kernels, md.config.clone(), &md.weights)?;
+    let model = Decoder::load(&kernels, md.config.clone(), &md.weights)?;
     let template = md
         .chat_template
         .as_ref()

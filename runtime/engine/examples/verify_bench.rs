@@ -21,7 +21,7 @@ use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::kernels::{Kernels, KvDType};
 use modelfleet_engine::kv::{FreeListPool, KvCache, KvCacheManager};
-use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
+use modelfleet_engine::model::{Decoder, LogitsRows, SeqInput};
 use std::time::Instant;
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
@@ -96,7 +96,7 @@ type Stream = (Vec<u32>, Vec<u32>);
 fn fill(
     o: &Opts,
     md: &ModelDir,
-    (kernels, model): (&CpuKernels, &LlamaModel<CpuKernels>),
+    (kernels, model): (&CpuKernels, &Decoder<CpuKernels>),
     kv: &mut KvCacheManager<FreeListPool>,
     cache: &mut KvCache<CpuKernels>,
 ) -> Result<Vec<Stream>, Box<dyn std::error::Error>> {
@@ -194,7 +194,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let max_rows = o.rows.iter().copied().max().unwrap_or(1);
     let md = ModelDir::open(std::path::Path::new(&o.dir))?;
     let kernels = CpuKernels::new(o.threads);
-    let model = LlamaModel::load(&kernels, md.config.clone(), &md.weights)?;
+    let model = Decoder::load(&kernels, md.config.clone(), &md.weights)?;
     let block = 16;
     let per_seq = (o.context + max_rows).div_ceil(block);
     let blocks = o.streams * per_seq + 1;

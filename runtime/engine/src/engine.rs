@@ -11,7 +11,7 @@ use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::lora::LoraAdapter;
 use crate::model::lora::LoraWeights;
-use crate::model::{LlamaModel, Logits, SeqInput};
+use crate::model::{Decoder, Logits, SeqInput};
 use modelfleet_kernels::cpu::CpuKernels;
 use modelfleet_kernels::{Kernels, KvDType};
 use std::collections::HashMap;
@@ -60,7 +60,7 @@ pub struct Engine<K: Kernels = CpuKernels> {
     /// tokenizes and renders templates without touching the step loop).
     pub model_dir: Arc<ModelDir>,
     kernels: K,
-    model: LlamaModel<K>,
+    model: Decoder<K>,
     cache: KvCache<K>,
     max_model_len: usize,
     /// Adapters uploaded to the backend, by [`LoraAdapter::id`], with the step that last used them.
@@ -73,7 +73,7 @@ pub struct Engine<K: Kernels = CpuKernels> {
 
 /// A speculative-decoding draft model: weights and KV storage (its block tables are the scheduler's).
 struct Draft<K: Kernels> {
-    model: LlamaModel<K>,
+    model: Decoder<K>,
     cache: KvCache<K>,
 }
 
@@ -106,7 +106,7 @@ impl<K: Kernels> Engine<K> {
         let blocks = cfg.num_kv_blocks.unwrap_or_else(|| {
             crate::kv::sizing::default_pool_tokens(cfg.max_num_seqs, max_model_len).div_ceil(cfg.block_size)
         });
-        let model = LlamaModel::load(&kernels, model_dir.config.clone(), &model_dir.weights)?;
+        let model = Decoder::load(&kernels, model_dir.config.clone(), &model_dir.weights)?;
         let cache = model.new_kv_cache_as(&kernels, blocks, cfg.block_size, cfg.kv_cache_dtype);
         let mut model_dir = model_dir;
         model_dir.weights.release_maps();
@@ -123,13 +123,13 @@ impl<K: Kernels> Engine<K> {
         })
     }
 
-    /// Runs one step over a ragged batch (see [`LlamaModel::forward`]).
+    /// Runs one step over a ragged batch (see [`Decoder::forward`]).
     pub fn step(&mut self, batch: &[SeqInput<'_>]) -> Result<Logits> {
         self.step_lora(batch, &[])
     }
 
     /// Runs one step in which sequence `i` uses `adapters[batch[i].adapter]` (see
-    /// [`LlamaModel::forward_lora`]). Adapters are uploaded on first use and kept while at most
+    /// [`Decoder::forward_lora`]). Adapters are uploaded on first use and kept while at most
     /// `max_loras` are resident; the least recently used one not in this step is dropped first.
     pub fn step_lora(&mut self, batch: &[SeqInput<'_>], adapters: &[Arc<LoraAdapter>]) -> Result<Logits> {
         if let Some(s) = batch
@@ -203,7 +203,7 @@ impl<K: Kernels> Engine<K> {
                 md.config.max_position_embeddings, self.max_model_len
             )));
         }
-        let model = LlamaModel::load(&self.kernels, md.config.clone(), &md.weights)?;
+        let model = Decoder::load(&self.kernels, md.config.clone(), &md.weights)?;
         let layout = &self.cache.layout;
         let cache = model.new_kv_cache_as(&self.kernels, num_kv_blocks, layout.block_size, layout.dtype);
         self.draft = Some(Draft { model, cache });
@@ -239,12 +239,12 @@ impl<K: Kernels> Engine<K> {
     }
 
     /// Hands a step's logits back once read, so the next step reuses their memory
-    /// ([`LlamaModel::recycle`]).
+    /// ([`Decoder::recycle`]).
     pub fn recycle(&self, logits: Logits) {
         self.model.recycle(logits);
     }
 
-    /// Frees the buffers kept from step to step ([`LlamaModel::release_scratch`]).
+    /// Frees the buffers kept from step to step ([`Decoder::release_scratch`]).
     pub fn release_scratch(&self) {
         self.model.release_scratch();
         if let Some(d) = &self.draft {

@@ -10,7 +10,7 @@
 //! - [`kv`]: the paged KV cache in vLLM v1's layers — [`kv::KvCacheManager`] (block tables per request)
 //!   over a [`kv::BlockPool`] (blocks), and the per-layer storage the model reads.
 //! - [`model`]: `config.json`, memory-mapped safetensors or GGUF (f32/f16/bf16, Q4_0/Q4_1/Q8_0/Q4_K/
-//!   Q6_K), and [`model::LlamaModel::forward`], one step over a batch of prefill chunks and decode
+//!   Q6_K), and [`model::Decoder::forward`], one step over a batch of prefill chunks and decode
 //!   tokens, on any [`modelfleet_kernels::Kernels`] backend.
 //! - [`sampling`]: parameter validation, logits processors, greedy/seeded sampling with logprobs.
 //! - [`constraint`]: structured output — JSON schema, regex, choice and Lark grammars compiled with

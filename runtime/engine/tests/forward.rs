@@ -5,7 +5,7 @@
 
 use modelfleet_engine::EngineError;
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
-use modelfleet_engine::model::{LlamaModel, LogitsRows, ModelConfig, SeqInput, Weights};
+use modelfleet_engine::model::{Decoder, LogitsRows, ModelConfig, SeqInput, Weights};
 use modelfleet_kernels::cpu::{Bf16Dot, CpuKernels, Isa};
 use modelfleet_kernels::{Kernels, KvDType};
 use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
@@ -32,7 +32,7 @@ fn lcg(seed: u64, n: usize, scale: f32) -> Vec<f32> {
 
 struct Fixture {
     kernels: CpuKernels,
-    model: LlamaModel<CpuKernels>,
+    model: Decoder<CpuKernels>,
     _dir: tempfile::TempDir,
 }
 
@@ -56,7 +56,7 @@ fn fixture_with(dtype: Dtype, kernels: CpuKernels) -> Fixture {
         (VOCAB, MAX_POS)
     );
     let weights = Weights::open(dir.path()).unwrap();
-    let model = LlamaModel::load(&kernels, config, &weights).unwrap();
+    let model = Decoder::load(&kernels, config, &weights).unwrap();
     Fixture {
         kernels,
         model,

@@ -9,7 +9,7 @@ use candle_transformers::models::quantized_llama;
 use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::cpu::CpuKernels;
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
-use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
+use modelfleet_engine::model::{Decoder, LogitsRows, SeqInput};
 use modelfleet_engine::tokenizer::ChatMessage;
 use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
 use std::path::Path;
@@ -36,7 +36,7 @@ fn engine_logits(md: &ModelDir) -> (Vec<u32>, Vec<Vec<f32>>) {
         .unwrap();
     let prompt = md.tokenizer.encode(&text, false).unwrap();
     let kernels = CpuKernels::new(0);
-    let model = LlamaModel::load(&kernels, md.config.clone(), &md.weights).unwrap();
+    let model = Decoder::load(&kernels, md.config.clone(), &md.weights).unwrap();
     let mut kv = KvCacheManager::new(FreeListPool::new(16), 16);
     let mut cache = model.new_kv_cache(&kernels, 16, 16);
     let table = kv.allocate_slots(0, 0, prompt.len()).unwrap().to_vec();

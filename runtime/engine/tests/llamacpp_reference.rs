@@ -22,7 +22,7 @@ use candle_core::quantized::GgmlDType;
 use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::cpu::{Bf16Dot, CpuKernels};
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
-use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
+use modelfleet_engine::model::{Decoder, LogitsRows, SeqInput};
 use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
 
 mod common;
@@ -127,7 +127,7 @@ fn engine_logits(md: &ModelDir, tokens: &[u32]) -> Vec<Vec<f32>> {
     // The exact f32 products: the bf16 dot products' cost is measured by bench/accuracy.sh and
     // bounded in forward.rs.
     let kernels = CpuKernels::new(0).with_bf16_dot(Bf16Dot::Off);
-    let model = LlamaModel::load(&kernels, md.config.clone(), &md.weights).unwrap();
+    let model = Decoder::load(&kernels, md.config.clone(), &md.weights).unwrap();
     let blocks = tokens.len().div_ceil(16) + 1;
     let mut kv = KvCacheManager::new(FreeListPool::new(blocks), 16);
     let mut cache = model.new_kv_cache(&kernels, blocks, 16);

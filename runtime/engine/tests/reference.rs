@@ -13,7 +13,7 @@ use candle_transformers::models::{llama, mistral, qwen2};
 use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::cpu::{Bf16Dot, CpuKernels};
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
-use modelfleet_engine::model::{LlamaModel, LogitsRows, SeqInput};
+use modelfleet_engine::model::{Decoder, LogitsRows, SeqInput};
 use modelfleet_engine::sampling::SamplingParams;
 use modelfleet_engine::sequence::Sequence;
 use modelfleet_engine::tokenizer::ChatMessage;
@@ -100,7 +100,7 @@ fn check_shape(shape: Shape, dtype: GenDType) {
     // The exact f32 products: the bf16 dot products' cost is measured by bench/accuracy.sh and
     // bounded in forward.rs.
     let kernels = CpuKernels::new(0).with_bf16_dot(Bf16Dot::Off);
-    let model = LlamaModel::load(&kernels, md.config.clone(), &md.weights).unwrap();
+    let model = Decoder::load(&kernels, md.config.clone(), &md.weights).unwrap();
     let vocab = md.config.vocab_size;
     let mut kv = KvCacheManager::new(FreeListPool::new(32), 16);
     let mut cache = model.new_kv_cache(&kernels, 32, 16);

@@ -1,13 +1,15 @@
-//! `config.json` of a Hugging Face Llama-family model, parsed into the [`ModelConfig`] the forward pass
-//! uses: Llama 1/2/3.x (incl. `rope_scaling` type `llama3` and `linear`), Mistral, Qwen2 (q/k/v bias),
-//! SmolLM (Llama architecture); grouped-query attention; tied embeddings.
+//! `config.json` of a Hugging Face decoder model, parsed into the [`ModelConfig`] the forward pass
+//! uses: the keys every family shares (sizes, heads, RoPE base and scaling — `llama3`, `linear` —,
+//! tied embeddings, BOS/EOS) here, and what each family adds (q/k norms, sandwich norms, GeGLU, sliding
+//! windows, …) in its own file under `model::family`.
 //!
 //! Invariants: a `ModelConfig` is internally consistent (heads divide evenly, `head_dim` is even,
-//! sizes non-zero) — every check happens here, with errors naming the file and the field, so the
-//! forward pass never meets a shape it cannot run. Features the engine cannot honour exactly (a sliding
-//! window shorter than the context, unknown rope scaling, other activations) are refused, never ignored.
+//! sizes non-zero, one entry of `local_layers` per layer) — every check happens here or in the family
+//! file, with errors naming the file and the field, so the forward pass never meets a shape it cannot
+//! run. Features the engine cannot honour exactly (unknown rope scaling, other activations, attention
+//! softcapping) are refused, never ignored.
 //!
-//! Defaults follow `transformers`' `LlamaConfig`/`MistralConfig`/`Qwen2Config`.
+//! Defaults follow `transformers`' config classes of each family.
 
 use crate::error::{EngineError, Result, parse_json, read_to_string};
 use serde::Deserialize;
@@ -23,6 +25,20 @@ pub enum Architecture {
     Mistral,
     /// `Qwen2ForCausalLM` (bias on q/k/v projections).
     Qwen2,
+    /// `Qwen3ForCausalLM` (per-head q/k RMSNorm, explicit head_dim).
+    Qwen3,
+    /// `Gemma3ForCausalLM`, text only (sandwich norms, GeGLU, local and global layers).
+    Gemma3,
+}
+
+/// The FFN's gating activation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(gate) · up`.
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (`gelu_pytorch_tanh`).
+    GeluTanh,
 }
 
 /// Rotary-embedding frequency scaling.
@@ -86,6 +102,29 @@ pub struct ModelConfig {
     /// RoPE pairs adjacent elements instead of rotating halves: true for GGUF Llama files, whose
     /// converter permuted the Q/K rows for GGML's "normal" RoPE mode.
     pub rope_interleaved: bool,
+    /// Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention output and of the FFN output before each residual add (Gemma's
+    /// "sandwich"); the FFN's input norm is then `pre_feedforward_layernorm`.
+    pub sandwich_norms: bool,
+    /// RMSNorm weights are stored as offsets from 1 (Gemma in safetensors: `x · (1 + w)`); GGUF files
+    /// have the 1 added by their converter.
+    pub norm_weight_offset: bool,
+    /// The FFN's activation.
+    pub activation: Activation,
+    /// The embeddings are multiplied by this (Gemma: √hidden_size).
+    pub embed_scale: Option<f32>,
+    /// The attention score scale (`1/√head_dim`, or Gemma's `query_pre_attn_scalar^-½`).
+    pub attn_scale: f32,
+    /// `cap · tanh(logit / cap)` on the final logits (Gemma's `final_logit_softcapping`).
+    pub final_logit_softcap: Option<f32>,
+    /// The sliding window of the local layers (tokens a query sees, itself included).
+    pub sliding_window: Option<usize>,
+    /// Per layer, whether it is local (attends within `sliding_window` only, with the local RoPE).
+    pub local_layers: Vec<bool>,
+    /// RoPE base of the local layers (Gemma 3's `rope_local_base_freq`); unscaled. `None`: local
+    /// layers use the global RoPE.
+    pub rope_local_theta: Option<f32>,
 }
 
 #[derive(Deserialize)]
@@ -106,9 +145,6 @@ struct Raw {
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
-    hidden_act: Option<String>,
-    sliding_window: Option<Value>,
-    use_sliding_window: Option<bool>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
 }
@@ -164,14 +200,6 @@ impl ModelConfig {
                 format!("{head_dim} must be even and non-zero (rotary pairs)"),
             ));
         }
-        if let Some(act) = &raw.hidden_act
-            && act != "silu"
-        {
-            return Err(err(
-                "hidden_act",
-                format!("{act:?} is not supported (only \"silu\")"),
-            ));
-        }
         if raw.mlp_bias == Some(true) {
             return Err(err("mlp_bias", "true is not supported".into()));
         }
@@ -188,13 +216,12 @@ impl ModelConfig {
                 format!("{rope_theta} must be a number greater than 1"),
             ));
         }
-        check_sliding_window(path, &raw, architecture)?;
         let rope_scaling = match &raw.rope_scaling {
             None | Some(Value::Null) => None,
             Some(v) => rope_scaling(path, v)?,
         };
         let attention_bias = raw.attention_bias.unwrap_or(false);
-        Ok(ModelConfig {
+        let mut config = ModelConfig {
             architecture,
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
@@ -215,7 +242,39 @@ impl ModelConfig {
                 .copied(),
             eos_token_ids: token_ids(path, "eos_token_id", raw.eos_token_id.as_ref())?,
             rope_interleaved: false,
-        })
+            qk_norm: false,
+            sandwich_norms: false,
+            norm_weight_offset: false,
+            activation: Activation::Silu,
+            embed_scale: None,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            final_logit_softcap: None,
+            sliding_window: None,
+            local_layers: vec![false; raw.num_hidden_layers],
+            rope_local_theta: None,
+        };
+        let value: Value = parse_json(path, text)?;
+        super::family::apply_hf(&value, &mut config, &err)?;
+        Ok(config)
+    }
+
+    /// Whether layer `l` attends within the sliding window only.
+    pub fn is_local(&self, l: usize) -> bool {
+        self.local_layers.get(l).copied().unwrap_or(false)
+    }
+
+    /// Per-pair RoPE inverse frequencies of the local layers: [`Self::inv_freq`] unless the family
+    /// gives local layers their own (unscaled) base.
+    pub fn inv_freq_local(&self) -> Vec<f32> {
+        match self.rope_local_theta {
+            None => self.inv_freq(),
+            Some(theta) => ModelConfig {
+                rope_theta: theta,
+                rope_scaling: None,
+                ..self.clone()
+            }
+            .inv_freq(),
+        }
     }
 
     /// Per-pair RoPE inverse frequencies (`head_dim / 2`), with scaling applied — the same f32
@@ -257,11 +316,22 @@ impl ModelConfig {
     }
 }
 
+/// The architectures `config.json` may name, as it names them.
+pub const SUPPORTED: [&str; 5] = [
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
+];
+
 fn architecture(path: &Path, raw: &Raw) -> Result<Architecture> {
     let from_name = |s: &str| match s {
         "LlamaForCausalLM" | "llama" => Some(Architecture::Llama),
         "MistralForCausalLM" | "mistral" => Some(Architecture::Mistral),
         "Qwen2ForCausalLM" | "qwen2" => Some(Architecture::Qwen2),
+        "Qwen3ForCausalLM" | "qwen3" => Some(Architecture::Qwen3),
+        "Gemma3ForCausalLM" | "gemma3_text" => Some(Architecture::Gemma3),
         _ => None,
     };
     let (field, name) = match (&raw.architectures, &raw.model_type) {
@@ -278,37 +348,8 @@ fn architecture(path: &Path, raw: &Raw) -> Result<Architecture> {
     from_name(&name).ok_or_else(|| EngineError::Config {
         path: path.to_path_buf(),
         field: field.into(),
-        message: format!(
-            "{name:?} is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"
-        ),
+        message: format!("{name:?} is not supported ({})", SUPPORTED.join(", ")),
     })
-}
-
-fn check_sliding_window(path: &Path, raw: &Raw, arch: Architecture) -> Result<()> {
-    // Qwen2 carries a window but only uses it with `use_sliding_window: true`.
-    if arch == Architecture::Qwen2 && raw.use_sliding_window != Some(true) {
-        return Ok(());
-    }
-    match &raw.sliding_window {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(w) if w as usize >= raw.max_position_embeddings => Ok(()),
-            _ => Err(EngineError::Config {
-                path: path.to_path_buf(),
-                field: "sliding_window".into(),
-                message: format!(
-                    "{n} is smaller than max_position_embeddings ({}); sliding-window attention is not \
-                     supported (set it to null or to at least max_position_embeddings)",
-                    raw.max_position_embeddings
-                ),
-            }),
-        },
-        Some(other) => Err(EngineError::Config {
-            path: path.to_path_buf(),
-            field: "sliding_window".into(),
-            message: format!("{other} is not an integer or null"),
-        }),
-    }
 }
 
 fn rope_scaling(path: &Path, v: &Value) -> Result<Option<RopeScaling>> {
@@ -451,9 +492,14 @@ mod tests {
             "gelu",
         );
         check_err(
-            &with(r#""sliding_window":4096"#),
+            &with(r#""sliding_window":"x""#),
             "sliding_window",
-            "smaller than max_position_embeddings",
+            "not a positive integer",
+        );
+        check_err(
+            &SMOLLM.replace("LlamaForCausalLM", "Phi3ForCausalLM"),
+            "architectures",
+            "Gemma3ForCausalLM",
         );
         check_err(
             &SMOLLM.replace(
@@ -483,7 +529,95 @@ mod tests {
         assert!(c.qkv_bias && !c.o_bias);
         let q_on = q.replace(r#""use_sliding_window":false"#, r#""use_sliding_window":true"#);
         assert!(parse(&q_on).is_err());
+        let short = with(r#""sliding_window":4096"#).replace("LlamaForCausalLM", "MistralForCausalLM");
+        let c = parse(&short).unwrap();
+        assert_eq!(c.sliding_window, Some(4096));
+        assert!(c.local_layers.iter().all(|&l| l) && c.local_layers.len() == 30);
         let eos = SMOLLM.replace(r#""eos_token_id":2"#, r#""eos_token_id":[2, 7]"#);
         assert_eq!(parse(&eos).unwrap().eos_token_ids, vec![2, 7]);
+    }
+
+    /// Qwen3-0.6B's config.json (abridged to the keys the engine reads).
+    const QWEN3: &str = r#"{"architectures":["Qwen3ForCausalLM"],"attention_bias":false,"head_dim":128,
+        "hidden_act":"silu","hidden_size":1024,"intermediate_size":3072,"max_position_embeddings":40960,
+        "max_window_layers":28,"model_type":"qwen3","num_attention_heads":16,"num_hidden_layers":28,
+        "num_key_value_heads":8,"rms_norm_eps":1e-06,"rope_scaling":null,"rope_theta":1000000,
+        "sliding_window":null,"tie_word_embeddings":true,"use_sliding_window":false,"vocab_size":151936,
+        "bos_token_id":151643,"eos_token_id":151645}"#;
+
+    /// gemma-3-270m's config.json (abridged).
+    const GEMMA3: &str = r#"{"architectures":["Gemma3ForCausalLM"],"attention_bias":false,
+        "attn_logit_softcapping":null,"final_logit_softcapping":null,"head_dim":256,
+        "hidden_activation":"gelu_pytorch_tanh","hidden_size":640,"intermediate_size":2048,
+        "max_position_embeddings":32768,"model_type":"gemma3_text","num_attention_heads":4,
+        "num_hidden_layers":18,"num_key_value_heads":1,"query_pre_attn_scalar":256,"rms_norm_eps":1e-06,
+        "rope_local_base_freq":10000.0,"rope_scaling":null,"rope_theta":1000000.0,"sliding_window":512,
+        "vocab_size":262144,"bos_token_id":2,"eos_token_id":1}"#;
+
+    #[test]
+    fn qwen3_has_qk_norms_an_explicit_head_dim_and_no_bias() {
+        let c = parse(QWEN3).unwrap();
+        assert_eq!(
+            (c.architecture, c.head_dim, c.hidden_size / c.num_heads),
+            (Architecture::Qwen3, 128, 64)
+        );
+        assert!(c.qk_norm && !c.qkv_bias && !c.o_bias && !c.sandwich_norms);
+        assert_eq!((c.activation, c.sliding_window), (Activation::Silu, None));
+        assert!((c.attn_scale - 1.0 / 128f32.sqrt()).abs() < 1e-9);
+        check_err(
+            &QWEN3.replace(r#""use_sliding_window":false"#, r#""use_sliding_window":true"#),
+            "use_sliding_window",
+            "not supported",
+        );
+    }
+
+    #[test]
+    fn gemma3_layers_alternate_five_local_to_one_global() {
+        let c = parse(GEMMA3).unwrap();
+        assert_eq!(c.architecture, Architecture::Gemma3);
+        assert!(c.qk_norm && c.sandwich_norms && c.norm_weight_offset && c.tie_word_embeddings);
+        assert_eq!(c.activation, Activation::GeluTanh);
+        assert_eq!((c.sliding_window, c.final_logit_softcap), (Some(512), None));
+        assert_eq!(c.embed_scale, Some(640f32.sqrt()));
+        assert_eq!(c.attn_scale, 1.0 / 16.0);
+        let globals: Vec<usize> = (0..18).filter(|&l| !c.is_local(l)).collect();
+        assert_eq!(globals, [5, 11, 17]);
+        // Local layers rotate with base 10000, global ones with 1e6.
+        let (local, global) = (c.inv_freq_local(), c.inv_freq());
+        assert_eq!((local.len(), global.len()), (128, 128));
+        assert!((local[1] - 1.0 / 10_000f32.powf(2.0 / 256.0)).abs() < 1e-9);
+        assert!((global[1] - 1.0 / 1_000_000f32.powf(2.0 / 256.0)).abs() < 1e-9);
+        // `layer_types` (newer configs) wins over the pattern.
+        let types: Vec<&str> = (0..18)
+            .map(|l| {
+                if l == 0 {
+                    "full_attention"
+                } else {
+                    "sliding_attention"
+                }
+            })
+            .collect();
+        let listed = GEMMA3.replace(
+            r#""sliding_window":512"#,
+            &format!(
+                r#""sliding_window":512,"layer_types":{}"#,
+                serde_json::to_string(&types).unwrap()
+            ),
+        );
+        let c = parse(&listed).unwrap();
+        assert!(!c.is_local(0) && c.is_local(5));
+        check_err(
+            &GEMMA3.replace(
+                r#""attn_logit_softcapping":null"#,
+                r#""attn_logit_softcapping":50"#,
+            ),
+            "attn_logit_softcapping",
+            "not supported",
+        );
+        check_err(
+            &GEMMA3.replace("gelu_pytorch_tanh", "silu"),
+            "hidden_activation",
+            "gelu_pytorch_tanh",
+        );
     }
 }

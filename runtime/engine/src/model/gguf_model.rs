@@ -1,21 +1,24 @@
-//! A GGUF file as a Llama-family model: llama.cpp's metadata keys mapped to a [`ModelConfig`] and its
-//! tensor names (`blk.N.attn_q.weight`, …) mapped to Hugging Face's, so [`super::LlamaModel::load`]
-//! runs GGUF and safetensors models alike.
+//! A GGUF file as a model: llama.cpp's metadata keys mapped to a [`ModelConfig`] and its tensor names
+//! (`blk.N.attn_q.weight`, …) mapped to Hugging Face's, so [`super::Decoder::load`] runs GGUF and
+//! safetensors models alike; each family's own keys and names are in `model::family`.
 //!
 //! Invariants: the config goes through the same validation as `config.json` (a missing key is reported
 //! by its GGUF name); GGUF's `llama` architecture stores Q/K rows permuted for GGML's adjacent-pair
-//! RoPE (`convert_hf_to_gguf.py`'s `LlamaModel.permute`), so such models get `rope_interleaved` — the
-//! attention scores are unchanged because Q and K are permuted alike; `qwen2` files are not permuted.
+//! RoPE (`convert_hf_to_gguf.py`'s `Decoder.permute`), so such models get `rope_interleaved` — the
+//! attention scores are unchanged because Q and K are permuted alike; `qwen2`, `qwen3` and `gemma3`
+//! files are not permuted (llama.cpp runs them with NEOX RoPE). Gemma's RMSNorm weights already have
+//! the 1 added, so such models do not get `norm_weight_offset`.
 //! Tensors of unsupported GGML types are only an error if the model uses them.
 
 use super::config::ModelConfig;
+use super::family;
 use super::gguf::{GgufFile, GgufValue, ggml_dtype};
 use super::weights::{Entry, Weights};
 use crate::error::{EngineError, Result};
 use serde_json::json;
 
-/// The llama.cpp tensor name → the Hugging Face one.
-pub(crate) fn hf_name(gguf: &str) -> Option<String> {
+/// The llama.cpp tensor name → the Hugging Face one, in architecture `arch`.
+pub(crate) fn hf_name(arch: &str, gguf: &str) -> Option<String> {
     let fixed = match gguf {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -29,23 +32,13 @@ pub(crate) fn hf_name(gguf: &str) -> Option<String> {
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let hf = match part {
-        "attn_norm.weight" => "input_layernorm.weight",
-        "ffn_norm.weight" => "post_attention_layernorm.weight",
-        "attn_q.weight" => "self_attn.q_proj.weight",
-        "attn_k.weight" => "self_attn.k_proj.weight",
-        "attn_v.weight" => "self_attn.v_proj.weight",
-        "attn_q.bias" => "self_attn.q_proj.bias",
-        "attn_k.bias" => "self_attn.k_proj.bias",
-        "attn_v.bias" => "self_attn.v_proj.bias",
-        "attn_output.weight" => "self_attn.o_proj.weight",
-        "attn_output.bias" => "self_attn.o_proj.bias",
-        "ffn_gate.weight" => "mlp.gate_proj.weight",
-        "ffn_up.weight" => "mlp.up_proj.weight",
-        "ffn_down.weight" => "mlp.down_proj.weight",
-        _ => return None,
-    };
+    let hf = family::gguf_layer_tensor(arch, part)?;
     Some(format!("model.layers.{layer}.{hf}"))
+}
+
+/// `general.architecture` of `g`.
+fn arch(g: &GgufFile) -> Option<&str> {
+    g.get("general.architecture").and_then(GgufValue::as_str)
 }
 
 /// The tensors of `g` under Hugging Face names and shapes.
@@ -54,7 +47,7 @@ pub(crate) fn weights(g: &GgufFile) -> Weights {
         .tensors
         .iter()
         .filter_map(|t| {
-            let name = hf_name(&t.name)?;
+            let name = hf_name(arch(g).unwrap_or(""), &t.name)?;
             let shape: Vec<usize> = t.dims.iter().rev().copied().collect();
             Some((name, Entry::new(t.start, t.end, ggml_dtype(t.ggml_type), shape)))
         })
@@ -73,15 +66,15 @@ pub(crate) fn config(g: &GgufFile) -> Result<ModelConfig> {
         .get("general.architecture")
         .and_then(GgufValue::as_str)
         .ok_or_else(|| err("general.architecture", "missing".into()))?;
-    let (hf_arch, interleaved) = match arch {
-        "llama" => ("LlamaForCausalLM", true),
-        "qwen2" => ("Qwen2ForCausalLM", false),
-        other => {
-            return Err(err(
-                "general.architecture",
-                format!("{other:?} is not supported (llama, qwen2)"),
-            ));
-        }
+    let mut extra = serde_json::Map::new();
+    let Some((hf_arch, interleaved)) = family::gguf_family(g, arch, &mut extra)? else {
+        return Err(err(
+            "general.architecture",
+            format!(
+                "{arch:?} is not supported ({})",
+                family::GGUF_SUPPORTED.join(", ")
+            ),
+        ));
     };
     let key = |k: &str| format!("{arch}.{k}");
     let num = |k: &str| -> Result<Option<f64>> {
@@ -121,7 +114,7 @@ pub(crate) fn config(g: &GgufFile) -> Result<ModelConfig> {
         }
     };
     let id = |k: &str| g.get(k).and_then(GgufValue::as_u64);
-    let hf = json!({
+    let mut hf = json!({
         "architectures": [hf_arch],
         "hidden_size": hidden as usize,
         "intermediate_size": required("feed_forward_length")? as usize,
@@ -138,8 +131,12 @@ pub(crate) fn config(g: &GgufFile) -> Result<ModelConfig> {
         "bos_token_id": id("tokenizer.ggml.bos_token_id"),
         "eos_token_id": id("tokenizer.ggml.eos_token_id"),
     });
+    if let Some(obj) = hf.as_object_mut() {
+        obj.extend(extra);
+    }
     let mut config = ModelConfig::from_json(&g.path, &hf.to_string())?;
     config.rope_interleaved = interleaved;
+    config.norm_weight_offset = false;
     Ok(config)
 }
 
@@ -161,9 +158,31 @@ mod tests {
                 Some("model.layers.3.mlp.down_proj.weight"),
             ),
             ("blk.x.ffn_down.weight", None),
-            ("blk.1.attn_q_norm.weight", None),
+            (
+                "blk.1.attn_q_norm.weight",
+                Some("model.layers.1.self_attn.q_norm.weight"),
+            ),
+            ("blk.1.post_ffw_norm.weight", None),
         ] {
-            assert_eq!(hf_name(g).as_deref(), hf, "{g}");
+            assert_eq!(hf_name("llama", g).as_deref(), hf, "{g}");
+        }
+        // Gemma's norms: its `ffn_norm` is the pre-FFN norm of a sandwich, not Llama's post-attention one.
+        for (g, hf) in [
+            (
+                "blk.2.ffn_norm.weight",
+                "model.layers.2.pre_feedforward_layernorm.weight",
+            ),
+            (
+                "blk.2.post_attention_norm.weight",
+                "model.layers.2.post_attention_layernorm.weight",
+            ),
+            (
+                "blk.2.post_ffw_norm.weight",
+                "model.layers.2.post_feedforward_layernorm.weight",
+            ),
+            ("blk.2.attn_norm.weight", "model.layers.2.input_layernorm.weight"),
+        ] {
+            assert_eq!(hf_name("gemma3", g).as_deref(), Some(hf), "{g}");
         }
     }
 }

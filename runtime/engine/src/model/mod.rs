@@ -1,17 +1,19 @@
-//! The model: configuration, weights and the Llama-family forward pass over a ragged batch.
+//! The model: configuration, weights, what each family changes (`family`) and the decoder's forward
+//! pass over a ragged batch.
 
 mod batch;
 mod config;
+mod decoder;
+mod family;
 pub mod gguf;
 pub(crate) mod gguf_model;
-mod llama;
 pub mod lora;
 mod scratch;
 mod weights;
 
 pub use batch::{Logits, LogitsRows, SeqInput};
 pub(crate) use config::token_ids;
-pub use config::{Architecture, ModelConfig, RopeScaling};
-pub use llama::LlamaModel;
+pub use config::{Activation, Architecture, ModelConfig, RopeScaling};
+pub use decoder::Decoder;
 pub use scratch::workspace_bytes;
 pub use weights::Weights;

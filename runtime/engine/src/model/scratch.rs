@@ -14,13 +14,48 @@
 use super::config::ModelConfig;
 use modelfleet_kernels::Kernels;
 
-/// Per-row widths (in f32 elements) of the step's activation slots 0..10, in slot order: residual,
-/// normed, q, k, v, attention output, projection, gate, up, activation. [`super::LlamaModel`] takes its
-/// buffers with these widths, and [`workspace_bytes`] sizes memory with the same ones.
-pub(crate) fn row_widths(c: &ModelConfig) -> [usize; 10] {
+/// The step's buffers, by scratch slot. The first [`ROW_SLOTS`] are per batch row; the last three are
+/// the logits path's, per logits row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// The residual stream.
+    X,
+    /// The normed residual (a projection's input).
+    Xn,
+    Q,
+    K,
+    V,
+    /// Queries after the per-head norm (families with q/k norms; zero-width otherwise).
+    Qn,
+    /// Keys after the per-head norm.
+    Kn,
+    /// Attention output.
+    Attn,
+    /// A projection's output (attention or FFN) before the residual add.
+    Proj,
+    Gate,
+    Up,
+    /// The gated activation.
+    Act,
+    /// Rows that asked for logits, gathered.
+    Sel,
+    /// Those, normed.
+    SelNorm,
+    /// The logits on the backend.
+    Logits,
+}
+
+/// Slots sized per batch row.
+pub(crate) const ROW_SLOTS: usize = 12;
+
+/// Per-row widths (in f32 elements) of the step's activation slots, in [`Slot`] order up to
+/// [`ROW_SLOTS`]. [`super::Decoder`] takes its buffers with these widths, and [`workspace_bytes`]
+/// sizes memory with the same ones.
+pub(crate) fn row_widths(c: &ModelConfig) -> [usize; ROW_SLOTS] {
     let (h, inter) = (c.hidden_size, c.intermediate_size);
     let (q_w, kv_w) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-    [h, h, q_w, kv_w, kv_w, q_w, h, inter, inter, inter]
+    let (qn_w, kn_w) = if c.qk_norm { (q_w, kv_w) } else { (0, 0) };
+    [h, h, q_w, kv_w, kv_w, qn_w, kn_w, q_w, h, inter, inter, inter]
 }
 
 /// The most memory a step's buffers take (bytes): the activation slots for `max_batched_tokens` rows,

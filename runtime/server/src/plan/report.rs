@@ -26,7 +26,7 @@ pub struct Params {
     pub matmul: u64,
 }
 
-/// The parameters of `c` (what `LlamaModel::load` reads).
+/// The parameters of `c` (what `Decoder::load` reads).
 pub fn parameters(c: &ModelConfig) -> Params {
     let (h, v, i) = (
         c.hidden_size as u64,
@@ -40,8 +40,11 @@ pub fn parameters(c: &ModelConfig) -> Params {
     let layers = c.num_layers as u64;
     let embed = v * h;
     let lm_head = if c.tie_word_embeddings { 0 } else { v * h };
+    // Two norms per layer, four with sandwich norms, and the per-head q/k norm vectors.
+    let norms =
+        if c.sandwich_norms { 4 * h } else { 2 * h } + if c.qk_norm { 2 * c.head_dim as u64 } else { 0 };
     Params {
-        total: embed + lm_head + layers * (projections + biases + 2 * h) + h,
+        total: embed + lm_head + layers * (projections + biases + norms) + h,
         matmul: layers * projections + v * h,
     }
 }

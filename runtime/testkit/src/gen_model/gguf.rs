@@ -3,7 +3,7 @@
 //! optionally quantized (Q8_0, Q4_0).
 //!
 //! Invariants: tensors follow `convert_hf_to_gguf.py` — llama.cpp names, dims innermost first, Q/K rows
-//! of the `llama` architecture permuted for GGML's adjacent-pair RoPE (`LlamaModel.permute`), norms and
+//! of the `llama` architecture permuted for GGML's adjacent-pair RoPE (`convert_hf_to_gguf.py`'s `LlamaModel.permute`), norms and
 //! biases kept in f32, llama3 RoPE scaling written as the `rope_freqs.weight` divisors — so an f32 GGUF
 //! and the safetensors model describe the same function.
 
