@@ -404,4 +404,46 @@ mod tests {
         assert_eq!(p["rope_scaling"]["short_factor"].as_array().unwrap().len(), 24);
         assert!(p.get("head_dim").is_none());
     }
+
+    #[test]
+    fn each_shape_writes_both_formats_with_the_converters_names() {
+        use crate::gen_model::{GenDType, GenFormat, GenModelOptions, gen_model};
+        use modelfleet_engine::model::gguf::GgufFile;
+        for (shape, arch, expect) in [
+            (Shape::TinyQwen3, "qwen3", &["blk.1.attn_q_norm.weight", "blk.0.attn_k_norm.weight"][..]),
+            (
+                Shape::TinyGemma3,
+                "gemma3",
+                &["blk.5.post_attention_norm.weight", "blk.0.post_ffw_norm.weight", "blk.0.ffn_norm.weight"],
+            ),
+            (Shape::TinyQwen3Moe, "qwen3moe", &["blk.1.ffn_gate_exps.weight", "blk.0.ffn_gate_inp.weight", "output.weight"]),
+            (Shape::TinyPhi3, "phi3", &["blk.0.attn_qkv.weight", "rope_factors_short.weight", "rope_factors_long.weight"]),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let st = dir.path().join("st");
+            let opts = |dtype, format| GenModelOptions { shape, seed: 3, dtype, format };
+            gen_model(&st, &opts(GenDType::F16, GenFormat::Safetensors)).unwrap();
+            let cfg: Value = serde_json::from_slice(&std::fs::read(st.join("config.json")).unwrap()).unwrap();
+            assert_eq!(cfg["model_type"], shape.spec().model_type);
+            assert!(st.join("model.safetensors").is_file());
+            for dtype in [GenDType::F16, GenDType::Q4K] {
+                let g = dir.path().join(format!("{dtype:?}"));
+                gen_model(&g, &opts(dtype, GenFormat::Gguf)).unwrap();
+                let f = GgufFile::open(&g.join("model.gguf")).unwrap();
+                assert_eq!(f.get("general.architecture").and_then(|v| v.as_str()), Some(arch));
+                for name in expect {
+                    assert!(f.tensors.iter().any(|t| t.name == *name), "{shape:?}: no {name}");
+                }
+            }
+        }
+        // The experts stack into [hidden, expert_ff, experts]; Gemma's norms carry the +1.
+        let dir = tempfile::tempdir().unwrap();
+        let o = |shape| GenModelOptions { shape, seed: 3, dtype: GenDType::F32, format: GenFormat::Gguf };
+        gen_model(dir.path(), &o(Shape::TinyQwen3Moe)).unwrap();
+        let f = GgufFile::open(&dir.path().join("model.gguf")).unwrap();
+        let t = f.tensors.iter().find(|t| t.name == "blk.0.ffn_down_exps.weight").unwrap();
+        assert_eq!(t.dims, vec![256, 256, 8]);
+        let r = f.tensors.iter().find(|t| t.name == "blk.0.ffn_gate_inp.weight").unwrap();
+        assert_eq!(r.ggml_type, 0);
+    }
 }

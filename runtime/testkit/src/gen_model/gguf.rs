@@ -185,7 +185,13 @@ pub(crate) fn write_gguf(
         ("general.architecture".into(), GgufValue::Str(arch.into())),
         (
             "general.name".into(),
-            GgufValue::Str(format!("modelfleet random {}", shape.model_type)),
+            // llama.cpp's vocabulary loader special-cases names containing "phi3"/"phi-3" (it then
+            // needs the SentencePiece tokens <s>, </s>, <unk>); a Phi-4-mini style name avoids that.
+            GgufValue::Str(if shape.model_type == "phi3" {
+                "modelfleet random phi (Phi-4-mini layout)".into()
+            } else {
+                format!("modelfleet random {}", shape.model_type)
+            }),
         ),
         ("general.file_type".into(), GgufValue::U64(file_type as u64)),
         (k("context_length"), u(shape.max_pos)),

@@ -158,6 +158,11 @@ pub(crate) fn tensors(shape: &ModelShape, dtype: Dtype, seed: u64) -> Vec<(Strin
         Extra::Gemma3 { .. } => Init::Normal(0.1),
         _ => Init::Around(1.0, 0.1),
     };
+    // Gemma's post-attention/post-FFN norms scale each branch by (1 + w) ≈ 3: the √hidden-scaled
+    // embedding then no longer dominates the residual, and a tied random model does not just repeat
+    // its last token.
+    let gemma = matches!(shape.extra, Extra::Gemma3 { .. });
+    let post_norm = if gemma { Init::Around(2.0, 0.1) } else { norm };
     let qk_norm = matches!(
         shape.extra,
         Extra::Qwen3 | Extra::Qwen3Moe { .. } | Extra::Gemma3 { .. }
@@ -166,10 +171,10 @@ pub(crate) fn tensors(shape: &ModelShape, dtype: Dtype, seed: u64) -> Vec<(Strin
     for l in 0..shape.layers {
         let p = format!("model.layers.{l}");
         add(format!("{p}.input_layernorm.weight"), vec![h], norm);
-        add(format!("{p}.post_attention_layernorm.weight"), vec![h], norm);
+        add(format!("{p}.post_attention_layernorm.weight"), vec![h], if gemma { post_norm } else { norm });
         if let Extra::Gemma3 { .. } = shape.extra {
             add(format!("{p}.pre_feedforward_layernorm.weight"), vec![h], norm);
-            add(format!("{p}.post_feedforward_layernorm.weight"), vec![h], norm);
+            add(format!("{p}.post_feedforward_layernorm.weight"), vec![h], post_norm);
         }
         if let Extra::Phi3 { .. } = shape.extra {
             add(format!("{p}.self_attn.qkv_proj.weight"), vec![q + 2 * kv, h], lin(h));
