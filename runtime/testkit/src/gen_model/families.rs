@@ -129,7 +129,14 @@ const PHI3: &str = "{%- for message in messages %}
 pub(crate) fn tokens(family: Family) -> FamilyTokens {
     match family {
         Family::Gemma => FamilyTokens {
-            specials: &["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"],
+            specials: &[
+                "<pad>",
+                "<eos>",
+                "<bos>",
+                "<unk>",
+                "<start_of_turn>",
+                "<end_of_turn>",
+            ],
             bos: "<bos>",
             prepend_bos: true,
             eos: "<eos>",
@@ -137,7 +144,13 @@ pub(crate) fn tokens(family: Family) -> FamilyTokens {
             template: GEMMA,
         },
         Family::Phi3 => FamilyTokens {
-            specials: &["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+            specials: &[
+                "<|endoftext|>",
+                "<|system|>",
+                "<|user|>",
+                "<|assistant|>",
+                "<|end|>",
+            ],
             bos: "<|endoftext|>",
             prepend_bos: false,
             eos: "<|end|>",
@@ -177,7 +190,11 @@ pub(crate) fn adjust_config(s: &ModelShape, o: &mut Map<String, Value>) {
                 "layer_types",
                 json!(
                     (0..s.layers)
-                        .map(|i| if (i + 1) % pattern != 0 { "sliding_attention" } else { "full_attention" })
+                        .map(|i| if (i + 1) % pattern != 0 {
+                            "sliding_attention"
+                        } else {
+                            "full_attention"
+                        })
                         .collect::<Vec<_>>()
                 ),
             ),
@@ -250,7 +267,10 @@ pub(crate) fn gguf_arch(model_type: &str) -> &'static str {
 pub(crate) fn gguf_meta(s: &ModelShape, k: &dyn Fn(&str) -> String) -> Vec<(String, GgufValue)> {
     let u = |v: usize| GgufValue::U64(v as u64);
     let hd = s.head_dim();
-    let key_len = vec![(k("attention.key_length"), u(hd)), (k("attention.value_length"), u(hd))];
+    let key_len = vec![
+        (k("attention.key_length"), u(hd)),
+        (k("attention.value_length"), u(hd)),
+    ];
     match s.extra {
         Extra::None => vec![(k("rope.dimension_count"), u(hd))],
         Extra::Qwen3 => key_len,
@@ -363,7 +383,10 @@ mod tests {
     #[test]
     fn configs_have_each_families_keys() {
         let cases: [(Shape, &[&str]); 4] = [
-            (Shape::TinyQwen3, &["head_dim", "rms_norm_eps", "tie_word_embeddings"]),
+            (
+                Shape::TinyQwen3,
+                &["head_dim", "rms_norm_eps", "tie_word_embeddings"],
+            ),
             (
                 Shape::TinyGemma3,
                 &[
@@ -377,9 +400,23 @@ mod tests {
             ),
             (
                 Shape::TinyQwen3Moe,
-                &["num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"],
+                &[
+                    "num_experts",
+                    "num_experts_per_tok",
+                    "moe_intermediate_size",
+                    "norm_topk_prob",
+                    "decoder_sparse_step",
+                    "mlp_only_layers",
+                ],
             ),
-            (Shape::TinyPhi3, &["partial_rotary_factor", "rope_scaling", "original_max_position_embeddings"]),
+            (
+                Shape::TinyPhi3,
+                &[
+                    "partial_rotary_factor",
+                    "rope_scaling",
+                    "original_max_position_embeddings",
+                ],
+            ),
         ];
         for (shape, keys) in cases {
             let s = shape.spec();
@@ -396,7 +433,12 @@ mod tests {
             }
         }
         let g = Shape::TinyGemma3.spec().config_json("float32");
-        let kinds: Vec<&str> = g["layer_types"].as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
+        let kinds: Vec<&str> = g["layer_types"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
         assert_eq!(kinds[4], "sliding_attention");
         assert_eq!(kinds[5], "full_attention");
         assert!(g.get("hidden_act").is_none());
@@ -410,18 +452,47 @@ mod tests {
         use crate::gen_model::{GenDType, GenFormat, GenModelOptions, gen_model};
         use modelfleet_engine::model::gguf::GgufFile;
         for (shape, arch, expect) in [
-            (Shape::TinyQwen3, "qwen3", &["blk.1.attn_q_norm.weight", "blk.0.attn_k_norm.weight"][..]),
+            (
+                Shape::TinyQwen3,
+                "qwen3",
+                &["blk.1.attn_q_norm.weight", "blk.0.attn_k_norm.weight"][..],
+            ),
             (
                 Shape::TinyGemma3,
                 "gemma3",
-                &["blk.5.post_attention_norm.weight", "blk.0.post_ffw_norm.weight", "blk.0.ffn_norm.weight"],
+                &[
+                    "blk.5.post_attention_norm.weight",
+                    "blk.0.post_ffw_norm.weight",
+                    "blk.0.ffn_norm.weight",
+                ],
             ),
-            (Shape::TinyQwen3Moe, "qwen3moe", &["blk.1.ffn_gate_exps.weight", "blk.0.ffn_gate_inp.weight", "output.weight"]),
-            (Shape::TinyPhi3, "phi3", &["blk.0.attn_qkv.weight", "rope_factors_short.weight", "rope_factors_long.weight"]),
+            (
+                Shape::TinyQwen3Moe,
+                "qwen3moe",
+                &[
+                    "blk.1.ffn_gate_exps.weight",
+                    "blk.0.ffn_gate_inp.weight",
+                    "output.weight",
+                ],
+            ),
+            (
+                Shape::TinyPhi3,
+                "phi3",
+                &[
+                    "blk.0.attn_qkv.weight",
+                    "rope_factors_short.weight",
+                    "rope_factors_long.weight",
+                ],
+            ),
         ] {
             let dir = tempfile::tempdir().unwrap();
             let st = dir.path().join("st");
-            let opts = |dtype, format| GenModelOptions { shape, seed: 3, dtype, format };
+            let opts = |dtype, format| GenModelOptions {
+                shape,
+                seed: 3,
+                dtype,
+                format,
+            };
             gen_model(&st, &opts(GenDType::F16, GenFormat::Safetensors)).unwrap();
             let cfg: Value = serde_json::from_slice(&std::fs::read(st.join("config.json")).unwrap()).unwrap();
             assert_eq!(cfg["model_type"], shape.spec().model_type);
@@ -438,12 +509,25 @@ mod tests {
         }
         // The experts stack into [hidden, expert_ff, experts]; Gemma's norms carry the +1.
         let dir = tempfile::tempdir().unwrap();
-        let o = |shape| GenModelOptions { shape, seed: 3, dtype: GenDType::F32, format: GenFormat::Gguf };
+        let o = |shape| GenModelOptions {
+            shape,
+            seed: 3,
+            dtype: GenDType::F32,
+            format: GenFormat::Gguf,
+        };
         gen_model(dir.path(), &o(Shape::TinyQwen3Moe)).unwrap();
         let f = GgufFile::open(&dir.path().join("model.gguf")).unwrap();
-        let t = f.tensors.iter().find(|t| t.name == "blk.0.ffn_down_exps.weight").unwrap();
+        let t = f
+            .tensors
+            .iter()
+            .find(|t| t.name == "blk.0.ffn_down_exps.weight")
+            .unwrap();
         assert_eq!(t.dims, vec![256, 256, 8]);
-        let r = f.tensors.iter().find(|t| t.name == "blk.0.ffn_gate_inp.weight").unwrap();
+        let r = f
+            .tensors
+            .iter()
+            .find(|t| t.name == "blk.0.ffn_gate_inp.weight")
+            .unwrap();
         assert_eq!(r.ggml_type, 0);
     }
 }

@@ -200,7 +200,10 @@ pub(crate) fn write_gguf(
         (k("feed_forward_length"), u(shape.intermediate)),
         (k("attention.head_count"), u(shape.heads)),
         (k("attention.head_count_kv"), u(shape.kv_heads)),
-        (k("attention.layer_norm_rms_epsilon"), GgufValue::F64(shape.rms_eps())),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            GgufValue::F64(shape.rms_eps()),
+        ),
         (k("rope.freq_base"), GgufValue::F64(shape.rope_theta)),
     ];
     meta.extend(families::gguf_meta(shape, &k));
@@ -262,7 +265,10 @@ pub(crate) fn write_gguf(
                 let layer_part = gguf_name(shape, name);
                 groups.push(
                     (0..tensors.len())
-                        .filter(|j| expert_index(&tensors[*j].0).is_some() && gguf_name(shape, &tensors[*j].0) == layer_part)
+                        .filter(|j| {
+                            expert_index(&tensors[*j].0).is_some()
+                                && gguf_name(shape, &tensors[*j].0) == layer_part
+                        })
                         .collect(),
                 );
             }
@@ -277,7 +283,11 @@ pub(crate) fn write_gguf(
             dims.push(g.len());
         }
         let gname = gguf_name(shape, name);
-        let ty = if dims.len() == 1 || families::keep_f32(&gname) { 0 } else { ggml };
+        let ty = if dims.len() == 1 || families::keep_f32(&gname) {
+            0
+        } else {
+            ggml
+        };
         let rows: usize = dims.iter().skip(1).product();
         headers.push(TensorHeader {
             name: gname,

@@ -351,7 +351,10 @@ mod tests {
     #[test]
     fn every_shape_has_a_config_the_engine_accepts() {
         // The newer families (families.rs) are tested there: this engine does not read them yet.
-        for shape in Shape::value_variants().iter().filter(|s| s.spec().extra == Extra::None) {
+        for shape in Shape::value_variants()
+            .iter()
+            .filter(|s| s.spec().extra == Extra::None)
+        {
             let spec = shape.spec();
             let text = spec.config_json("float32").to_string();
             let c = ModelConfig::from_json(Path::new("config.json"), &text).unwrap();

@@ -171,13 +171,25 @@ pub(crate) fn tensors(shape: &ModelShape, dtype: Dtype, seed: u64) -> Vec<(Strin
     for l in 0..shape.layers {
         let p = format!("model.layers.{l}");
         add(format!("{p}.input_layernorm.weight"), vec![h], norm);
-        add(format!("{p}.post_attention_layernorm.weight"), vec![h], if gemma { post_norm } else { norm });
+        add(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            if gemma { post_norm } else { norm },
+        );
         if let Extra::Gemma3 { .. } = shape.extra {
             add(format!("{p}.pre_feedforward_layernorm.weight"), vec![h], norm);
-            add(format!("{p}.post_feedforward_layernorm.weight"), vec![h], post_norm);
+            add(
+                format!("{p}.post_feedforward_layernorm.weight"),
+                vec![h],
+                post_norm,
+            );
         }
         if let Extra::Phi3 { .. } = shape.extra {
-            add(format!("{p}.self_attn.qkv_proj.weight"), vec![q + 2 * kv, h], lin(h));
+            add(
+                format!("{p}.self_attn.qkv_proj.weight"),
+                vec![q + 2 * kv, h],
+                lin(h),
+            );
         } else {
             add(format!("{p}.self_attn.q_proj.weight"), vec![q, h], lin(h));
             add(format!("{p}.self_attn.k_proj.weight"), vec![kv, h], lin(h));
@@ -203,12 +215,20 @@ pub(crate) fn tensors(shape: &ModelShape, dtype: Dtype, seed: u64) -> Vec<(Strin
             } => {
                 // Router logits of standard deviation ≈ 3: the top-2 choice varies by token and the two
                 // renormalised weights are far from equal.
-                add(format!("{p}.mlp.gate.weight"), vec![experts, h], Init::Normal(0.2));
+                add(
+                    format!("{p}.mlp.gate.weight"),
+                    vec![experts, h],
+                    Init::Normal(0.2),
+                );
                 for e in 0..experts {
                     let x = format!("{p}.mlp.experts.{e}");
                     add(format!("{x}.gate_proj.weight"), vec![expert_ff, h], lin(h));
                     add(format!("{x}.up_proj.weight"), vec![expert_ff, h], lin(h));
-                    add(format!("{x}.down_proj.weight"), vec![h, expert_ff], lin(expert_ff));
+                    add(
+                        format!("{x}.down_proj.weight"),
+                        vec![h, expert_ff],
+                        lin(expert_ff),
+                    );
                 }
             }
             _ => {
