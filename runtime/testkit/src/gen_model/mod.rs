@@ -4,7 +4,10 @@
 //! random, shapes are real.
 //!
 //! With [`GenFormat::Gguf`] (`--format gguf`) it writes one `model.gguf` instead (llama.cpp's format, tokenizer and template in
-//! the metadata), with the same weights, optionally quantized to Q8_0 or Q4_0.
+//! the metadata), with the same weights, optionally quantized to Q8_0, Q4_0 or Q4_K.
+//!
+//! Families: Llama (and its Mistral, Qwen2 variants) in shapes.rs; Qwen3, Gemma 3, Qwen3-MoE and Phi-3
+//! in families.rs.
 //!
 //! `modelfleet-runtime gen-model DIR --shape S --seed N [--dtype D] [--format F]` is its command line.
 //!
@@ -13,6 +16,7 @@
 //! these files are written into it.
 
 mod bpe;
+mod families;
 mod gguf;
 mod shapes;
 mod weights;
@@ -38,6 +42,9 @@ pub enum GenDType {
     /// GGML Q4_0 (GGUF only).
     #[value(name = "q4_0")]
     Q4_0,
+    /// GGML Q4_K, candle's quantizer (GGUF only; every matrix input width a multiple of 256).
+    #[value(name = "q4_k")]
+    Q4K,
 }
 
 /// File format of the generated model.

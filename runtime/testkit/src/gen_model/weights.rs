@@ -10,6 +10,7 @@
 //! deviation ≈ 1), norm weights 1. (HF's own N(0, 0.02) init makes a 2-layer tied model just repeat its
 //! last token, which makes a poor reference test.)
 
+use super::families::Extra;
 use super::shapes::ModelShape;
 use half::{bf16, f16};
 use rand::{RngExt, SeedableRng};
@@ -25,6 +26,8 @@ const CHUNK: usize = 1 << 16;
 enum Init {
     Normal(f64),
     Ones,
+    /// `mean` + N(0, std²): the norm weights of the newer families, so a norm loaded wrongly shows.
+    Around(f64, f64),
 }
 
 /// A tensor generated on demand.
@@ -50,9 +53,13 @@ impl LazyTensor {
     pub(crate) fn values(&self) -> Vec<f32> {
         let n = self.numel();
         let mut out = vec![0f32; n];
-        let Init::Normal(std) = self.init else {
-            out.fill(1.0);
-            return out;
+        let (mean, std) = match self.init {
+            Init::Ones => {
+                out.fill(1.0);
+                return out;
+            }
+            Init::Normal(std) => (0.0, std),
+            Init::Around(mean, std) => (mean, std),
         };
         let base = self.seed ^ fnv1a(self.name.as_bytes());
         let chunks: Vec<(usize, &mut [f32])> = out.chunks_mut(CHUNK).enumerate().collect();
@@ -72,6 +79,9 @@ impl LazyTensor {
                             std,
                             base.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                         );
+                        if mean != 0.0 {
+                            c.iter_mut().for_each(|x| *x = (*x as f64 + mean) as f32);
+                        }
                     }
                 });
             }
@@ -126,7 +136,7 @@ impl View for LazyTensor {
 
 /// Every tensor of `shape`, in HF names.
 pub(crate) fn tensors(shape: &ModelShape, dtype: Dtype, seed: u64) -> Vec<(String, LazyTensor)> {
-    let (h, hd) = (shape.hidden, shape.hidden / shape.heads);
+    let (h, hd) = (shape.hidden, shape.head_dim());
     let (q, kv, i) = (shape.heads * hd, shape.kv_heads * hd, shape.intermediate);
     let mut out = Vec::new();
     let mut add = |name: String, dims: Vec<usize>, init: Init| {
@@ -142,29 +152,93 @@ pub(crate) fn tensors(shape: &ModelShape, dtype: Dtype, seed: u64) -> Vec<(Strin
         ));
     };
     let lin = |fan_in: usize| Init::Normal(1.0 / (fan_in as f64).sqrt());
+    // Norm weights: 1 for the Llama family; around 1 for the newer ones, Gemma's stored as w of (1 + w).
+    let norm = match shape.extra {
+        Extra::None => Init::Ones,
+        Extra::Gemma3 { .. } => Init::Normal(0.1),
+        _ => Init::Around(1.0, 0.1),
+    };
+    // Gemma's post-attention/post-FFN norms scale each branch by (1 + w) ≈ 3: the √hidden-scaled
+    // embedding then no longer dominates the residual, and a tied random model does not just repeat
+    // its last token.
+    let gemma = matches!(shape.extra, Extra::Gemma3 { .. });
+    let post_norm = if gemma { Init::Around(2.0, 0.1) } else { norm };
+    let qk_norm = matches!(
+        shape.extra,
+        Extra::Qwen3 | Extra::Qwen3Moe { .. } | Extra::Gemma3 { .. }
+    );
     add("model.embed_tokens.weight".into(), vec![shape.vocab, h], lin(h));
     for l in 0..shape.layers {
         let p = format!("model.layers.{l}");
-        add(format!("{p}.input_layernorm.weight"), vec![h], Init::Ones);
+        add(format!("{p}.input_layernorm.weight"), vec![h], norm);
         add(
             format!("{p}.post_attention_layernorm.weight"),
             vec![h],
-            Init::Ones,
+            if gemma { post_norm } else { norm },
         );
-        add(format!("{p}.self_attn.q_proj.weight"), vec![q, h], lin(h));
-        add(format!("{p}.self_attn.k_proj.weight"), vec![kv, h], lin(h));
-        add(format!("{p}.self_attn.v_proj.weight"), vec![kv, h], lin(h));
+        if let Extra::Gemma3 { .. } = shape.extra {
+            add(format!("{p}.pre_feedforward_layernorm.weight"), vec![h], norm);
+            add(
+                format!("{p}.post_feedforward_layernorm.weight"),
+                vec![h],
+                post_norm,
+            );
+        }
+        if let Extra::Phi3 { .. } = shape.extra {
+            add(
+                format!("{p}.self_attn.qkv_proj.weight"),
+                vec![q + 2 * kv, h],
+                lin(h),
+            );
+        } else {
+            add(format!("{p}.self_attn.q_proj.weight"), vec![q, h], lin(h));
+            add(format!("{p}.self_attn.k_proj.weight"), vec![kv, h], lin(h));
+            add(format!("{p}.self_attn.v_proj.weight"), vec![kv, h], lin(h));
+        }
         add(format!("{p}.self_attn.o_proj.weight"), vec![h, q], lin(q));
         if shape.qkv_bias {
             add(format!("{p}.self_attn.q_proj.bias"), vec![q], lin(h));
             add(format!("{p}.self_attn.k_proj.bias"), vec![kv], lin(h));
             add(format!("{p}.self_attn.v_proj.bias"), vec![kv], lin(h));
         }
-        add(format!("{p}.mlp.gate_proj.weight"), vec![i, h], lin(h));
-        add(format!("{p}.mlp.up_proj.weight"), vec![i, h], lin(h));
-        add(format!("{p}.mlp.down_proj.weight"), vec![h, i], lin(i));
+        if qk_norm {
+            add(format!("{p}.self_attn.q_norm.weight"), vec![hd], norm);
+            add(format!("{p}.self_attn.k_norm.weight"), vec![hd], norm);
+        }
+        match shape.extra {
+            Extra::Phi3 { .. } => {
+                add(format!("{p}.mlp.gate_up_proj.weight"), vec![2 * i, h], lin(h));
+                add(format!("{p}.mlp.down_proj.weight"), vec![h, i], lin(i));
+            }
+            Extra::Qwen3Moe {
+                experts, expert_ff, ..
+            } => {
+                // Router logits of standard deviation ≈ 3: the top-2 choice varies by token and the two
+                // renormalised weights are far from equal.
+                add(
+                    format!("{p}.mlp.gate.weight"),
+                    vec![experts, h],
+                    Init::Normal(0.2),
+                );
+                for e in 0..experts {
+                    let x = format!("{p}.mlp.experts.{e}");
+                    add(format!("{x}.gate_proj.weight"), vec![expert_ff, h], lin(h));
+                    add(format!("{x}.up_proj.weight"), vec![expert_ff, h], lin(h));
+                    add(
+                        format!("{x}.down_proj.weight"),
+                        vec![h, expert_ff],
+                        lin(expert_ff),
+                    );
+                }
+            }
+            _ => {
+                add(format!("{p}.mlp.gate_proj.weight"), vec![i, h], lin(h));
+                add(format!("{p}.mlp.up_proj.weight"), vec![i, h], lin(h));
+                add(format!("{p}.mlp.down_proj.weight"), vec![h, i], lin(i));
+            }
+        }
     }
-    add("model.norm.weight".into(), vec![h], Init::Ones);
+    add("model.norm.weight".into(), vec![h], norm);
     if !shape.tied {
         add("lm_head.weight".into(), vec![shape.vocab, h], lin(h));
     }
