@@ -20,13 +20,25 @@
 
 use candle_core::quantized::GgmlDType;
 use modelfleet_engine::ModelDir;
-use modelfleet_engine::kernels::cpu::{Bf16Dot, CpuKernels};
-use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
-use modelfleet_engine::model::{Decoder, LogitsRows, SeqInput};
 use modelfleet_testkit::gen_model::{GenDType, GenFormat, Shape};
 
 mod common;
+use common::llamacpp::{Bar, Case, check};
 use common::smollm2_gguf;
+
+fn case(name: &str) -> Case {
+    common::llamacpp::case(DATA, name)
+}
+
+/// Exact weights: within `tolerance` everywhere, the same top-1 everywhere.
+fn exact(tolerance: f32) -> Bar {
+    Bar {
+        tolerance: Some(tolerance),
+        min_top1: 1.0,
+        their_tie: 0.0,
+        our_tie: 0.0,
+    }
+}
 
 const DATA: &[u8] = include_bytes!("data/llamacpp_reference.bin");
 /// The issue's tolerance for f32/f16 weights against llama.cpp's exact-f32 path.
@@ -54,189 +66,6 @@ const QUANT_TIE: f32 = 0.3;
 /// differs from the exact f32 product (`bench/accuracy.sh`).
 const OUR_TIE: f32 = 0.6;
 
-struct Case {
-    name: String,
-    prompt_text: String,
-    prompt: Vec<u32>,
-    continuation: Vec<u32>,
-    positions: usize,
-    /// Per position: llama.cpp's top-k (token id, logit), best first.
-    top: Vec<Vec<(u32, f32)>>,
-    /// (position, llama.cpp's full row).
-    full: Vec<(usize, Vec<f32>)>,
-}
-
-fn u32s(b: &[u8]) -> impl Iterator<Item = u32> + '_ {
-    b.chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-}
-
-fn case(name: &str) -> Case {
-    let rest = DATA.strip_prefix(b"MFLLREF1\n").expect("reference file magic");
-    let nl = rest.iter().position(|&b| b == b'\n').expect("header line");
-    let header: serde_json::Value = serde_json::from_slice(&rest[..nl]).expect("header JSON");
-    let body = &rest[nl + 1..];
-    let k = header["top_k"].as_u64().unwrap() as usize;
-    let c = header["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no case {name} in the reference file"));
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let positions = c["positions"].as_u64().unwrap() as usize;
-    let vocab = c["vocab"].as_u64().unwrap() as usize;
-    let off = c["topk_offset"].as_u64().unwrap() as usize;
-    let top = (0..positions)
-        .map(|p| {
-            let at = off + p * k * 8;
-            let ids: Vec<u32> = u32s(&body[at..at + 4 * k]).collect();
-            let vals = u32s(&body[at + 4 * k..at + 8 * k]).map(f32::from_bits);
-            ids.into_iter().zip(vals).collect()
-        })
-        .collect();
-    let full = c["full_rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let at = r["offset"].as_u64().unwrap() as usize;
-            let row = u32s(&body[at..at + 4 * vocab]).map(f32::from_bits).collect();
-            (r["pos"].as_u64().unwrap() as usize, row)
-        })
-        .collect();
-    Case {
-        name: name.to_string(),
-        prompt_text: c["prompt_text"].as_str().unwrap().to_string(),
-        prompt: ids(&c["prompt_tokens"]),
-        continuation: ids(&c["continuation"]),
-        positions,
-        top,
-        full,
-    }
-}
-
-/// The engine's logits at every position of `tokens`, prefilled in one step.
-fn engine_logits(md: &ModelDir, tokens: &[u32]) -> Vec<Vec<f32>> {
-    // The exact f32 products: the bf16 dot products' cost is measured by bench/accuracy.sh and
-    // bounded in forward.rs.
-    let kernels = CpuKernels::new(0).with_bf16_dot(Bf16Dot::Off);
-    let model = Decoder::load(&kernels, md.config.clone(), &md.weights).unwrap();
-    let blocks = tokens.len().div_ceil(16) + 1;
-    let mut kv = KvCacheManager::new(FreeListPool::new(blocks), 16);
-    let mut cache = model.new_kv_cache(&kernels, blocks, 16);
-    let table = kv.allocate_slots(0, 0, tokens.len()).unwrap().to_vec();
-    let seq = SeqInput {
-        tokens,
-        start_pos: 0,
-        block_table: &table,
-        logits: LogitsRows::All,
-        adapter: None,
-    };
-    let out = model.forward(&kernels, &[seq], &mut cache).unwrap();
-    out.seq(0)
-        .chunks(md.config.vocab_size)
-        .map(<[f32]>::to_vec)
-        .collect()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32
-}
-
-/// Compares the engine with llama.cpp on `case`; `tolerance` None = quantized (top-1 agreement only,
-/// every disagreement a near tie).
-fn check(md: &ModelDir, c: &Case, tolerance: Option<f32>, min_top1: f64) {
-    let tokens: Vec<u32> = c.prompt.iter().chain(&c.continuation).copied().collect();
-    let ours = engine_logits(md, &tokens);
-    assert_eq!(ours.len(), c.positions, "{}: positions", c.name);
-    let mut worst = (0.0f32, 0usize);
-    let mut same = 0;
-    for (pos, (row, top)) in ours.iter().zip(&c.top).enumerate() {
-        let d = top
-            .iter()
-            .map(|&(id, v)| (row[id as usize] - v).abs())
-            .fold(0.0, f32::max);
-        if d > worst.0 {
-            worst = (d, pos);
-        }
-        same += usize::from(argmax(row) == top[0].0);
-        if argmax(row) != top[0].0 {
-            let ours_top = argmax(row);
-            let gap = row[ours_top as usize] - row[top[0].0 as usize];
-            // llama.cpp's logit for our top-1 (absent from its top-64: not a near tie).
-            let their_gap = top
-                .iter()
-                .find(|e| e.0 == ours_top)
-                .map_or(f32::INFINITY, |e| top[0].1 - e.1);
-            assert!(
-                tolerance.is_none() && gap <= OUR_TIE && their_gap <= QUANT_TIE,
-                "{} position {pos}: top-1 {ours_top} vs llama.cpp's {}, {gap} apart in our logits, {their_gap} in llama.cpp's",
-                c.name,
-                top[0].0
-            );
-            eprintln!(
-                "  {} position {pos}: ours {ours_top} ({:.3}) vs llama.cpp {} ({:.3}); llama.cpp's logit for ours {:?}; our logit for theirs {:.3}",
-                c.name,
-                row[ours_top as usize],
-                top[0].0,
-                top[0].1,
-                top.iter().find(|e| e.0 == ours_top).map(|e| e.1),
-                row[top[0].0 as usize]
-            );
-        }
-    }
-    for (pos, want) in &c.full {
-        let d = ours[*pos]
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(
-            tolerance.is_none_or(|t| d <= t),
-            "{}: full row at position {pos}: max |Δlogit| {d}",
-            c.name
-        );
-    }
-    let frac = same as f64 / c.positions as f64;
-    eprintln!(
-        "{}: {} positions ({} prompt + {} greedy), max |Δlogit| on llama.cpp's top-64 {:.2e} (position {}), top-1 agreement {frac:.3}",
-        c.name,
-        c.positions,
-        c.prompt.len(),
-        c.continuation.len(),
-        worst.0,
-        worst.1
-    );
-    if let Some(t) = tolerance {
-        assert!(
-            worst.0 <= t,
-            "{}: max |Δlogit| {} at position {} exceeds {t}",
-            c.name,
-            worst.0,
-            worst.1
-        );
-        // The engine's own greedy continuation (teacher-forced = free-running, as every earlier
-        // top-1 agrees) is llama.cpp's.
-        let n = c.prompt.len();
-        let greedy: Vec<u32> = (0..c.continuation.len())
-            .map(|i| argmax(&ours[n - 1 + i]))
-            .collect();
-        assert_eq!(greedy, c.continuation, "{}: 64-token greedy continuation", c.name);
-    }
-    assert!(
-        frac >= min_top1,
-        "{}: top-1 agreement {frac} below {min_top1}",
-        c.name
-    );
-}
-
 #[test]
 fn random_tiny_f32_matches_llama_cpp() {
     let c = case("tiny-f32");
@@ -247,7 +76,7 @@ fn random_tiny_f32_matches_llama_cpp() {
         c.prompt,
         "the engine's tokenizer gives llama.cpp's prompt token ids"
     );
-    check(&md, &c, Some(TOLERANCE), 1.0);
+    check(&md, &c, exact(TOLERANCE));
 }
 
 /// The issue asks for ≥ 99% same top-1 on quantized weights. Since the engine's quantized products
@@ -266,7 +95,16 @@ fn smollm2_q4_1_as_shipped_matches_llama_cpp() {
         c.prompt,
         "the engine's tokenizer gives llama.cpp's prompt token ids"
     );
-    check(&md, &c, None, 0.95);
+    check(
+        &md,
+        &c,
+        Bar {
+            tolerance: None,
+            min_top1: 0.95,
+            their_tie: QUANT_TIE,
+            our_tie: OUR_TIE,
+        },
+    );
 }
 
 /// The SmolLM2 GGUF with every quantized tensor dequantized (candle's GGML dequantizer) and stored
@@ -280,11 +118,11 @@ fn smollm2_dequantized(dtype: GgmlDType) -> (tempfile::TempDir, ModelDir) {
 #[test]
 fn smollm2_dequantized_f32_matches_llama_cpp() {
     let (_dir, md) = smollm2_dequantized(GgmlDType::F32);
-    check(&md, &case("smollm2-f32"), Some(TOLERANCE), 1.0);
+    check(&md, &case("smollm2-f32"), exact(TOLERANCE));
 }
 
 #[test]
 fn smollm2_dequantized_f16_matches_llama_cpp() {
     let (_dir, md) = smollm2_dequantized(GgmlDType::F16);
-    check(&md, &case("smollm2-f16"), Some(F16_TOLERANCE), 1.0);
+    check(&md, &case("smollm2-f16"), exact(F16_TOLERANCE));
 }

@@ -13,6 +13,8 @@ pub use modelfleet_testkit::fixtures::smollm2_gguf;
 use modelfleet_testkit::gen_model::{GenDType, GenFormat, GenModelOptions, Shape, gen_model};
 use std::path::Path;
 
+pub mod llamacpp;
+
 /// Writes `shape` with random weights from `seed`, stored as `dtype` in `format`, into `dir` (created
 /// if missing): `modelfleet-runtime gen-model DIR --shape … --seed … --dtype … --format …`.
 pub fn generate_into(dir: &Path, shape: Shape, seed: u64, dtype: GenDType, format: GenFormat) {
