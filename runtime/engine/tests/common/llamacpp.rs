@@ -126,7 +126,12 @@ pub struct Measured {
 
 /// Compares the engine with llama.cpp on `case`, printing and returning the figures.
 pub fn check(md: &ModelDir, c: &Case, bar: Bar) -> Measured {
-    let Bar { tolerance, min_top1, their_tie, our_tie } = bar;
+    let Bar {
+        tolerance,
+        min_top1,
+        their_tie,
+        our_tie,
+    } = bar;
     let tokens: Vec<u32> = c.prompt.iter().chain(&c.continuation).copied().collect();
     let ours = engine_logits(md, &tokens);
     assert_eq!(ours.len(), c.positions, "{}: positions", c.name);
@@ -214,4 +219,3 @@ pub fn check(md: &ModelDir, c: &Case, bar: Bar) -> Measured {
         top1: frac,
     }
 }
-
