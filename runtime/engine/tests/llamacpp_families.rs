@@ -28,6 +28,15 @@ fn case(name: &str) -> Case {
 
 /// llama.cpp's F16 path rounds each product's activations to f16 while the engine keeps f32 (the
 /// SmolLM2 f16 case: up to 3.7e-2 from that alone).
+/// llama.cpp's exact-f32 path, the llama reference test's tolerance (measured 2026-12-06: at most
+/// 1.25e-2 over the four prompts).
+const F32: Bar = Bar {
+    tolerance: Some(2e-2),
+    min_top1: 1.0,
+    their_tie: 0.0,
+    our_tie: 0.0,
+};
+
 const F16: Bar = Bar {
     tolerance: Some(5e-2),
     min_top1: 1.0,
@@ -114,6 +123,19 @@ fn real_gemma3_270m_q4_k_m_agrees_with_llama_cpp_at_every_position() {
             m.top1,
             m.max_delta
         );
+    }
+}
+
+/// The real Gemma 3 270M with every tensor dequantized to f32 (candle's GGML dequantizer here, the
+/// `gguf` package in the script — both exact), where llama.cpp computes in f32: the engine's greedy
+/// continuation of every prompt is llama.cpp's, all 64 tokens.
+#[test]
+fn real_gemma3_270m_in_f32_continues_every_prompt_as_llama_cpp_does() {
+    let dir = common::requantized(&gemma3_270m_gguf(), candle_core::quantized::GgmlDType::F32);
+    let md = ModelDir::open(&dir.path().join("model.gguf")).unwrap();
+    for p in 0..4 {
+        let c = case(&format!("gemma3-270m-f32-p{p}"));
+        check(&md, &c, F32);
     }
 }
 
