@@ -95,6 +95,64 @@ struct Bufs<K: Kernels> {
     act: K::Buf,
 }
 
+impl<K: Kernels> Bufs<K> {
+    /// The buffers of a step of `rows` rows, from `scratch`.
+    fn take(scratch: &mut Scratch<K>, k: &K, c: &ModelConfig, rows: usize) -> Self {
+        let need = super::scratch::row_widths(c).map(|w| rows * w);
+        let mut take = |s: Slot| scratch.take(k, s as usize, need[s as usize]);
+        Bufs {
+            x: take(Slot::X),
+            xn: take(Slot::Xn),
+            q: take(Slot::Q),
+            k: take(Slot::K),
+            v: take(Slot::V),
+            qn: take(Slot::Qn),
+            kn: take(Slot::Kn),
+            attn: take(Slot::Attn),
+            proj: take(Slot::Proj),
+            gate: take(Slot::Gate),
+            up: take(Slot::Up),
+            act: take(Slot::Act),
+        }
+    }
+
+    /// Gives every buffer back to its slot.
+    fn put_back(self, scratch: &mut Scratch<K>) {
+        let Bufs {
+            x,
+            xn,
+            q,
+            k,
+            v,
+            qn,
+            kn,
+            attn,
+            proj,
+            gate,
+            up,
+            act,
+        } = self;
+        let bufs = [x, xn, q, k, v, qn, kn, attn, proj, gate, up, act];
+        let slots = [
+            Slot::X,
+            Slot::Xn,
+            Slot::Q,
+            Slot::K,
+            Slot::V,
+            Slot::Qn,
+            Slot::Kn,
+            Slot::Attn,
+            Slot::Proj,
+            Slot::Gate,
+            Slot::Up,
+            Slot::Act,
+        ];
+        for (s, buf) in slots.into_iter().zip(bufs) {
+            scratch.put(s as usize, buf);
+        }
+    }
+}
+
 /// What every layer of a step shares.
 struct Step<'a, 'b, K: Kernels> {
     k: &'a K,
@@ -346,22 +404,7 @@ impl<K: Kernels> Decoder<K> {
             row += s.tokens.len();
         }
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let need = super::scratch::row_widths(c).map(|w| rows * w);
-        let mut take = |s: Slot| scratch.take(k, s as usize, need[s as usize]);
-        let mut b = Bufs {
-            x: take(Slot::X),
-            xn: take(Slot::Xn),
-            q: take(Slot::Q),
-            k: take(Slot::K),
-            v: take(Slot::V),
-            qn: take(Slot::Qn),
-            kn: take(Slot::Kn),
-            attn: take(Slot::Attn),
-            proj: take(Slot::Proj),
-            gate: take(Slot::Gate),
-            up: take(Slot::Up),
-            act: take(Slot::Act),
-        };
+        let mut b = Bufs::take(&mut scratch, k, c, rows);
         let widest = h.max(c.num_heads * c.head_dim).max(c.intermediate_size);
         let mut step = Step {
             k,
@@ -383,36 +426,7 @@ impl<K: Kernels> Decoder<K> {
             self.residual(k, rows, layer.post_ffn_norm.as_ref(), &mut b);
         }
         let data = self.logits(k, &mut scratch, plan, &b.x);
-        let Bufs {
-            x,
-            xn,
-            q,
-            k: kk,
-            v,
-            qn,
-            kn,
-            attn,
-            proj,
-            gate,
-            up,
-            act,
-        } = b;
-        for (s, buf) in [
-            (Slot::X, x),
-            (Slot::Xn, xn),
-            (Slot::Q, q),
-            (Slot::K, kk),
-            (Slot::V, v),
-            (Slot::Qn, qn),
-            (Slot::Kn, kn),
-            (Slot::Attn, attn),
-            (Slot::Proj, proj),
-            (Slot::Gate, gate),
-            (Slot::Up, up),
-            (Slot::Act, act),
-        ] {
-            scratch.put(s as usize, buf);
-        }
+        b.put_back(&mut scratch);
         Logits {
             vocab_size: c.vocab_size,
             data,
