@@ -4,7 +4,7 @@
 //!
 //! Invariants: the config goes through the same validation as `config.json` (a missing key is reported
 //! by its GGUF name); GGUF's `llama` architecture stores Q/K rows permuted for GGML's adjacent-pair
-//! RoPE (`convert_hf_to_gguf.py`'s `Decoder.permute`), so such models get `rope_interleaved` — the
+//! RoPE (`convert_hf_to_gguf.py`'s `LlamaModel.permute`), so such models get `rope_interleaved` — the
 //! attention scores are unchanged because Q and K are permuted alike; `qwen2`, `qwen3` and `gemma3`
 //! files are not permuted (llama.cpp runs them with NEOX RoPE). Gemma's RMSNorm weights already have
 //! the 1 added, so such models do not get `norm_weight_offset`.
