@@ -78,48 +78,18 @@ pub(crate) fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: 
     );
 }
 
-/// `out = silu(gate) · up`.
+/// `out = silu(gate) · up` (SwiGLU).
 pub(crate) fn silu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    pool::for_each_chunk(out, 4096, 1, |c, o| {
-        let base = c * 4096;
-        let (g, u) = (&gate[base..base + o.len()], &up[base..base + o.len()]);
-        // SAFETY: the ISA was detected on this CPU; the slices have equal lengths.
-        unsafe {
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 | Isa::Avx512 => silu_mul_avx2(g, u, o),
-                _ => silu_mul_lanes::<Portable>(g, u, o),
-            }
-        }
-    });
-}
-
-/// # Safety
-/// AVX2, FMA and F16C must be available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn silu_mul_avx2(g: &[f32], u: &[f32], o: &mut [f32]) {
-    // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller (`# Safety`);
-    // `silu_mul_lanes` asks nothing else.
-    unsafe { silu_mul_lanes::<super::simd::Avx2>(g, u, o) }
-}
-
-/// `o = g / (1 + e^-g) · u`, 8 lanes at a time (the gate first, then the product with `u`).
-///
-/// # Safety
-/// `S`'s instruction set must be available.
-#[inline(always)]
-unsafe fn silu_mul_lanes<S: Simd>(g: &[f32], u: &[f32], o: &mut [f32]) {
-    // SAFETY: `S` is available (our contract); `simd::silu` keeps its loads and stores within `g` and
-    // `o` (it runs to the shorter one's length, padding the tail).
-    unsafe { simd::silu::<S>(g, o) };
-    for (o, u) in o.iter_mut().zip(u) {
-        *o *= u;
-    }
+    gated::<false>(isa, gate, up, out);
 }
 
 /// `out = gelu_tanh(gate) · up` (GeGLU).
 pub(crate) fn gelu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    gated::<true>(isa, gate, up, out);
+}
+
+/// `out = act(gate) · up`, `act` being tanh GELU when `GELU`, SiLU otherwise.
+fn gated<const GELU: bool>(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
     pool::for_each_chunk(out, 4096, 1, |c, o| {
         let base = c * 4096;
         let (g, u) = (&gate[base..base + o.len()], &up[base..base + o.len()]);
@@ -127,8 +97,8 @@ pub(crate) fn gelu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
         unsafe {
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 | Isa::Avx512 => gelu_mul_avx2(g, u, o),
-                _ => gelu_mul_lanes::<Portable>(g, u, o),
+                Isa::Avx2 | Isa::Avx512 => gated_avx2::<GELU>(g, u, o),
+                _ => gated_lanes::<Portable, GELU>(g, u, o),
             }
         }
     });
@@ -138,21 +108,27 @@ pub(crate) fn gelu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// AVX2, FMA and F16C must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gelu_mul_avx2(g: &[f32], u: &[f32], o: &mut [f32]) {
+unsafe fn gated_avx2<const GELU: bool>(g: &[f32], u: &[f32], o: &mut [f32]) {
     // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller (`# Safety`);
-    // `gelu_mul_lanes` asks nothing else.
-    unsafe { gelu_mul_lanes::<super::simd::Avx2>(g, u, o) }
+    // `gated_lanes` asks nothing else.
+    unsafe { gated_lanes::<super::simd::Avx2, GELU>(g, u, o) }
 }
 
-/// `o = gelu_tanh(g) · u`, 8 lanes at a time.
+/// `o = act(g) · u`, 8 lanes at a time (the activation first, then the product with `u`).
 ///
 /// # Safety
 /// `S`'s instruction set must be available.
 #[inline(always)]
-unsafe fn gelu_mul_lanes<S: Simd>(g: &[f32], u: &[f32], o: &mut [f32]) {
-    // SAFETY: `S` is available (our contract); `simd::gelu_tanh` keeps its loads and stores within `g`
-    // and `o`.
-    unsafe { simd::gelu_tanh::<S>(g, o) };
+unsafe fn gated_lanes<S: Simd, const GELU: bool>(g: &[f32], u: &[f32], o: &mut [f32]) {
+    // SAFETY: `S` is available (our contract); `simd::silu` and `simd::gelu_tanh` keep their loads and
+    // stores within `g` and `o` (they run to the shorter one's length, padding the tail).
+    unsafe {
+        if GELU {
+            simd::gelu_tanh::<S>(g, o)
+        } else {
+            simd::silu::<S>(g, o)
+        }
+    };
     for (o, u) in o.iter_mut().zip(u) {
         *o *= u;
     }
