@@ -77,20 +77,23 @@ async fn every_source_serves_through_the_gateway() {
         .await;
         serves(&served(name)).await;
     }
-    // Each pod's start is reported, phase by phase.
-    wait_until("PodStarted Events", Duration::from_secs(30), || async {
-        let events = started_events(&ns.name, "modelpack");
-        events
-            .iter()
-            .any(|e| e.contains("pull") && e.contains("load"))
-            .then_some(events)
-    })
-    .await;
-    let image_events = started_events(&ns.name, "image");
-    assert!(
-        image_events.iter().any(|e| e.contains("mounted")),
-        "{image_events:?}"
-    );
+    // Each pod's start is reported, phase by phase. The operator records the Event after the pod's
+    // Ready reaches it, so each deployment's is waited for (the image one's was once asserted at once
+    // and not there yet).
+    for (name, phases) in [("modelpack", ["pull", "load"]), ("image", ["mounted", "load"])] {
+        wait_until(
+            &format!("{name}: a PodStarted Event naming {phases:?}"),
+            Duration::from_secs(45),
+            || async {
+                let events = started_events(&ns.name, name);
+                events
+                    .iter()
+                    .any(|e| phases.iter().all(|p| e.contains(p)))
+                    .then_some(events)
+            },
+        )
+        .await;
+    }
     let _ = kubectl(&["delete", "pv", &pv, "--wait=false"], None);
 }
 

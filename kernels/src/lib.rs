@@ -100,6 +100,18 @@ pub trait Kernels: Send + Sync {
     );
     /// `out[i] = x[rows[i]]` for rows of `width` elements.
     fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf);
+    /// `x[..len] = 0`.
+    fn zero(&self, x: &mut Self::Buf, len: usize);
+    /// `out[rows[i]] += weights[i] · src[i]` for rows of `width` elements (an expert's output added to
+    /// the rows routed to it, each with its router weight; `rows` holds no duplicates).
+    fn scatter_add_weighted(
+        &self,
+        src: &Self::Buf,
+        width: usize,
+        rows: &[usize],
+        weights: &[f32],
+        out: &mut Self::Buf,
+    );
     /// `out[rows[i]] += scale · src[i]` for rows of `width` elements (a LoRA delta added back to the
     /// rows of its group; `rows` holds no duplicates).
     fn scatter_add_scaled(

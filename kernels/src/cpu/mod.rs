@@ -251,6 +251,27 @@ impl Kernels for CpuKernels {
         }
     }
 
+    fn zero(&self, x: &mut Vec<f32>, len: usize) {
+        x[..len].fill(0.0);
+    }
+
+    fn scatter_add_weighted(
+        &self,
+        src: &Vec<f32>,
+        width: usize,
+        rows: &[usize],
+        weights: &[f32],
+        out: &mut Vec<f32>,
+    ) {
+        for ((i, &r), &w) in rows.iter().enumerate().zip(weights) {
+            let s = &src[i * width..(i + 1) * width];
+            out[r * width..(r + 1) * width]
+                .iter_mut()
+                .zip(s)
+                .for_each(|(o, v)| *o += w * v);
+        }
+    }
+
     fn scatter_add_scaled(
         &self,
         src: &Vec<f32>,

@@ -44,12 +44,17 @@ fn fixture(dtype: Dtype, threads: usize) -> Fixture {
 
 /// [`fixture`] on `kernels`.
 fn fixture_with(dtype: Dtype, kernels: CpuKernels) -> Fixture {
+    fixture_of(Shape::TinyQwen2, dtype, kernels)
+}
+
+/// [`fixture_with`] of another tiny shape (of the same vocabulary and context).
+fn fixture_of(shape: Shape, dtype: Dtype, kernels: CpuKernels) -> Fixture {
     let gen_dtype = match dtype {
         Dtype::F16 => GenDType::F16,
         Dtype::BF16 => GenDType::Bf16,
         _ => GenDType::F32,
     };
-    let dir = common::generated(Shape::TinyQwen2, 3, gen_dtype, GenFormat::Safetensors);
+    let dir = common::generated(shape, 3, gen_dtype, GenFormat::Safetensors);
     let config = ModelConfig::from_file(&dir.path().join("config.json")).unwrap();
     assert_eq!(
         (config.vocab_size, config.max_position_embeddings),
@@ -107,14 +112,23 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn logits_are_bit_identical_alone_or_in_a_mixed_batch() {
     for dtype in [KvDType::F32, KvDType::F16] {
-        mixed_batch_matches_alone(dtype);
+        mixed_batch_matches_alone(&fixture(Dtype::F32, 2), dtype);
     }
 }
 
-fn mixed_batch_matches_alone(dtype: KvDType) {
-    let f = fixture(Dtype::F32, 2);
+/// A mixture of experts too: which rows share an expert in a step changes with the batch, and must
+/// not change any row's logits.
+#[test]
+fn moe_logits_are_bit_identical_alone_or_in_a_mixed_batch() {
+    let kernels = CpuKernels::new(2).with_bf16_dot(Bf16Dot::Off);
+    let f = fixture_of(Shape::TinyQwen3Moe, Dtype::F32, kernels);
+    assert!(f.model.config().is_moe(0));
+    mixed_batch_matches_alone(&f, KvDType::F32);
+}
+
+fn mixed_batch_matches_alone(f: &Fixture, dtype: KvDType) {
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(i, 3 + 7 * i as usize)).collect();
-    let want: Vec<Vec<f32>> = prompts.iter().map(|p| alone_as(&f, p, dtype)).collect();
+    let want: Vec<Vec<f32>> = prompts.iter().map(|p| alone_as(f, p, dtype)).collect();
     // The same sequences in one cache, advanced in steps of different sizes so that every step mixes
     // prefill chunks and single decode tokens of different sequences.
     let mut kv = KvCacheManager::new(FreeListPool::new(64), 4);

@@ -100,6 +100,17 @@ impl LoraAdapter {
                     message: format!("{} is not in target_modules", target.module()),
                 });
             }
+            if target.block() == "mlp" && base.is_moe(layer) {
+                return Err(EngineError::Weights {
+                    path: dir.to_path_buf(),
+                    tensor: name.into(),
+                    message: format!(
+                        "layer {layer} of the base model is a mixture of experts: adapters on its \
+                         {} are not supported (attention projections are)",
+                        target.module()
+                    ),
+                });
+            }
             if pairs.contains_key(&(layer, target)) {
                 continue;
             }

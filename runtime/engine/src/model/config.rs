@@ -29,6 +29,31 @@ pub enum Architecture {
     Qwen3,
     /// `Gemma3ForCausalLM`, text only (sandwich norms, GeGLU, local and global layers).
     Gemma3,
+    /// `Qwen3MoeForCausalLM`: Qwen3's attention and a top-k mixture of SwiGLU experts.
+    Qwen3Moe,
+}
+
+/// A mixture of experts in place of the dense FFN (Qwen3-MoE): a router picks `top_k` of
+/// `num_experts` SwiGLU experts per token, whose outputs are summed with the router's weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moe {
+    /// Experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Each expert's inner width (`moe_intermediate_size`).
+    pub expert_ff: usize,
+    /// The top-k router weights are renormalised to sum to 1 (`norm_topk_prob`).
+    pub norm_topk_prob: bool,
+    /// Per layer, whether it is a MoE layer (the others keep a dense FFN of `intermediate_size`).
+    pub layers: Vec<bool>,
+}
+
+impl Moe {
+    /// Whether layer `l` routes to experts.
+    pub fn is_moe(&self, l: usize) -> bool {
+        self.layers.get(l).copied().unwrap_or(false)
+    }
 }
 
 /// The FFN's gating activation.
@@ -125,6 +150,8 @@ pub struct ModelConfig {
     /// RoPE base of the local layers (Gemma 3's `rope_local_base_freq`); unscaled. `None`: local
     /// layers use the global RoPE.
     pub rope_local_theta: Option<f32>,
+    /// A mixture of experts on some or all layers.
+    pub moe: Option<Moe>,
 }
 
 #[derive(Deserialize)]
@@ -252,10 +279,22 @@ impl ModelConfig {
             sliding_window: None,
             local_layers: vec![false; raw.num_hidden_layers],
             rope_local_theta: None,
+            moe: None,
         };
         let value: Value = parse_json(path, text)?;
         super::family::apply_hf(&value, &mut config, &err)?;
         Ok(config)
+    }
+
+    /// Whether layer `l`'s FFN is a mixture of experts.
+    pub fn is_moe(&self, l: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| m.is_moe(l))
+    }
+
+    /// The widest FFN inner width of any layer (dense or one expert's).
+    pub fn ffn_width(&self) -> usize {
+        let expert = self.moe.as_ref().map_or(0, |m| m.expert_ff);
+        self.intermediate_size.max(expert)
     }
 
     /// Whether layer `l` attends within the sliding window only.
@@ -317,11 +356,12 @@ impl ModelConfig {
 }
 
 /// The architectures `config.json` may name, as it names them.
-pub const SUPPORTED: [&str; 5] = [
+pub const SUPPORTED: [&str; 6] = [
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
     "Gemma3ForCausalLM",
 ];
 
@@ -331,6 +371,7 @@ fn architecture(path: &Path, raw: &Raw) -> Result<Architecture> {
         "MistralForCausalLM" | "mistral" => Some(Architecture::Mistral),
         "Qwen2ForCausalLM" | "qwen2" => Some(Architecture::Qwen2),
         "Qwen3ForCausalLM" | "qwen3" => Some(Architecture::Qwen3),
+        "Qwen3MoeForCausalLM" | "qwen3_moe" => Some(Architecture::Qwen3Moe),
         "Gemma3ForCausalLM" | "gemma3_text" => Some(Architecture::Gemma3),
         _ => None,
     };

@@ -21,6 +21,7 @@
 use super::batch::{Logits, LogitsRows, SeqInput};
 use super::config::{Activation, ModelConfig};
 use super::lora::{LoraPlan, LoraWeights};
+use super::moe::{Expert, MoeBufs, MoeFfn};
 use super::scratch::{Scratch, Slot};
 use super::weights::Weights;
 use crate::error::{EngineError, Result};
@@ -48,10 +49,15 @@ struct Attention<K: Kernels> {
     local: bool,
 }
 
-struct Ffn<K: Kernels> {
-    gate: K::Weight,
-    up: K::Weight,
-    down: K::Weight,
+enum Ffn<K: Kernels> {
+    /// A gated FFN (SwiGLU or GeGLU).
+    Dense {
+        gate: K::Weight,
+        up: K::Weight,
+        down: K::Weight,
+    },
+    /// A mixture of experts (`model::moe`).
+    Moe(MoeFfn<K>),
 }
 
 struct Layer<K: Kernels> {
@@ -93,6 +99,9 @@ struct Bufs<K: Kernels> {
     gate: K::Buf,
     up: K::Buf,
     act: K::Buf,
+    router: K::Buf,
+    expert_in: K::Buf,
+    expert_out: K::Buf,
 }
 
 impl<K: Kernels> Bufs<K> {
@@ -113,6 +122,9 @@ impl<K: Kernels> Bufs<K> {
             gate: take(Slot::Gate),
             up: take(Slot::Up),
             act: take(Slot::Act),
+            router: take(Slot::Router),
+            expert_in: take(Slot::ExpertIn),
+            expert_out: take(Slot::ExpertOut),
         }
     }
 
@@ -131,8 +143,13 @@ impl<K: Kernels> Bufs<K> {
             gate,
             up,
             act,
+            router,
+            expert_in,
+            expert_out,
         } = self;
-        let bufs = [x, xn, q, k, v, qn, kn, attn, proj, gate, up, act];
+        let bufs = [
+            x, xn, q, k, v, qn, kn, attn, proj, gate, up, act, router, expert_in, expert_out,
+        ];
         let slots = [
             Slot::X,
             Slot::Xn,
@@ -146,6 +163,9 @@ impl<K: Kernels> Bufs<K> {
             Slot::Gate,
             Slot::Up,
             Slot::Act,
+            Slot::Router,
+            Slot::ExpertIn,
+            Slot::ExpertOut,
         ];
         for (s, buf) in slots.into_iter().zip(bufs) {
             scratch.put(s as usize, buf);
@@ -229,10 +249,13 @@ impl<K: Kernels> Decoder<K> {
                 },
                 post_attn_norm: opt_norm(sandwich, &format!("{p}.post_attention_layernorm.weight"), h)?,
                 ffn_norm: norm(&format!("{p}.{ffn_norm}.weight"), h)?,
-                ffn: Ffn {
-                    gate: get(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
-                    up: get(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
-                    down: get(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+                ffn: match &c.moe {
+                    Some(m) if m.is_moe(i) => Ffn::Moe(load_moe(kernels, weights, c, i)?),
+                    _ => Ffn::Dense {
+                        gate: get(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
+                        up: get(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
+                        down: get(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+                    },
                 },
                 post_ffn_norm: opt_norm(sandwich, &format!("{p}.post_feedforward_layernorm.weight"), h)?,
             });
@@ -405,7 +428,7 @@ impl<K: Kernels> Decoder<K> {
         }
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let mut b = Bufs::take(&mut scratch, k, c, rows);
-        let widest = h.max(c.num_heads * c.head_dim).max(c.intermediate_size);
+        let widest = h.max(c.num_heads * c.head_dim).max(c.ffn_width());
         let mut step = Step {
             k,
             rows,
@@ -503,15 +526,34 @@ impl<K: Kernels> Decoder<K> {
     fn ffn(&self, st: &mut Step<'_, '_, K>, l: usize, f: &Ffn<K>, b: &mut Bufs<K>) {
         let (c, k, rows) = (&self.config, st.k, st.rows);
         let (h, inter) = (c.hidden_size, c.intermediate_size);
-        k.matmul(&b.xn, rows, &f.gate, None, &mut b.gate);
+        let (gate, up, down) = match f {
+            Ffn::Dense { gate, up, down } => (gate, up, down),
+            Ffn::Moe(moe) => {
+                // LoRA on MoE layers' FFN is refused when an adapter loads (`lora::LoraAdapter::load`).
+                let m = c.moe.as_ref().expect("a MoE layer has a MoE config");
+                let bufs = MoeBufs {
+                    xn: &b.xn,
+                    router: &mut b.router,
+                    expert_in: &mut b.expert_in,
+                    expert_out: &mut b.expert_out,
+                    gate: &mut b.gate,
+                    up: &mut b.up,
+                    act: &mut b.act,
+                    out: &mut b.proj,
+                };
+                moe.forward(k, rows, (h, m.expert_ff), (m.top_k, m.norm_topk_prob), bufs);
+                return;
+            }
+        };
+        k.matmul(&b.xn, rows, gate, None, &mut b.gate);
         st.delta(l, Target::Gate, &b.xn, h, &mut b.gate, inter);
-        k.matmul(&b.xn, rows, &f.up, None, &mut b.up);
+        k.matmul(&b.xn, rows, up, None, &mut b.up);
         st.delta(l, Target::Up, &b.xn, h, &mut b.up, inter);
         match c.activation {
             Activation::Silu => k.silu_mul(&b.gate, &b.up, &mut b.act, rows * inter),
             Activation::GeluTanh => k.gelu_mul(&b.gate, &b.up, &mut b.act, rows * inter),
         }
-        k.matmul(&b.act, rows, &f.down, None, &mut b.proj);
+        k.matmul(&b.act, rows, down, None, &mut b.proj);
         st.delta(l, Target::Down, &b.act, inter, &mut b.proj, h);
     }
 
@@ -551,6 +593,37 @@ impl<K: Kernels> Decoder<K> {
         }
         data
     }
+}
+
+/// Layer `l`'s router and experts (safetensors: one tensor per expert; GGUF: one stacked tensor per
+/// projection).
+fn load_moe<K: Kernels>(k: &K, weights: &Weights, c: &ModelConfig, l: usize) -> Result<MoeFfn<K>> {
+    let m = c.moe.as_ref().expect("a MoE layer has a MoE config");
+    let (h, ff, n) = (c.hidden_size, m.expert_ff, m.num_experts);
+    let p = format!("model.layers.{l}.mlp");
+    let proj = |name: &str, rows: usize, cols: usize| {
+        let per = |e: usize| format!("{p}.experts.{e}.{name}.weight");
+        weights.get_experts(&format!("{p}.experts.{name}.weight"), per, n, rows, cols)
+    };
+    let (gates, ups, downs) = (
+        proj("gate_proj", ff, h)?,
+        proj("up_proj", ff, h)?,
+        proj("down_proj", h, ff)?,
+    );
+    let experts = gates
+        .iter()
+        .zip(&ups)
+        .zip(&downs)
+        .map(|((g, u), d)| Expert {
+            gate: k.upload(g),
+            up: k.upload(u),
+            down: k.upload(d),
+        })
+        .collect();
+    Ok(MoeFfn {
+        router: k.upload(&weights.get(&format!("{p}.gate.weight"), &[n, h])?),
+        experts,
+    })
 }
 
 /// The flattened batch.

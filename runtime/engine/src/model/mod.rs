@@ -8,12 +8,13 @@ mod family;
 pub mod gguf;
 pub(crate) mod gguf_model;
 pub mod lora;
+mod moe;
 mod scratch;
 mod weights;
 
 pub use batch::{Logits, LogitsRows, SeqInput};
 pub(crate) use config::token_ids;
-pub use config::{Activation, Architecture, ModelConfig, RopeScaling};
+pub use config::{Activation, Architecture, ModelConfig, Moe, RopeScaling};
 pub use decoder::Decoder;
 pub use scratch::workspace_bytes;
 pub use weights::Weights;

@@ -37,6 +37,11 @@ pub(crate) enum Slot {
     Up,
     /// The gated activation.
     Act,
+    /// MoE router logits (MoE models only; zero-width otherwise).
+    Router,
+    /// An expert's rows, gathered, and its output.
+    ExpertIn,
+    ExpertOut,
     /// Rows that asked for logits, gathered.
     Sel,
     /// Those, normed.
@@ -46,16 +51,22 @@ pub(crate) enum Slot {
 }
 
 /// Slots sized per batch row.
-pub(crate) const ROW_SLOTS: usize = 12;
+pub(crate) const ROW_SLOTS: usize = 15;
 
 /// Per-row widths (in f32 elements) of the step's activation slots, in [`Slot`] order up to
 /// [`ROW_SLOTS`]. [`super::Decoder`] takes its buffers with these widths, and [`workspace_bytes`]
 /// sizes memory with the same ones.
 pub(crate) fn row_widths(c: &ModelConfig) -> [usize; ROW_SLOTS] {
-    let (h, inter) = (c.hidden_size, c.intermediate_size);
+    let (h, ff) = (c.hidden_size, c.ffn_width());
     let (q_w, kv_w) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
     let (qn_w, kn_w) = if c.qk_norm { (q_w, kv_w) } else { (0, 0) };
-    [h, h, q_w, kv_w, kv_w, qn_w, kn_w, q_w, h, inter, inter, inter]
+    let (router, expert) = match &c.moe {
+        Some(m) => (m.num_experts, h),
+        None => (0, 0),
+    };
+    [
+        h, h, q_w, kv_w, kv_w, qn_w, kn_w, q_w, h, ff, ff, ff, router, expert, expert,
+    ]
 }
 
 /// The most memory a step's buffers take (bytes): the activation slots for `max_batched_tokens` rows,
@@ -72,10 +83,7 @@ pub fn workspace_bytes(
     let logit_rows = max_num_seqs.min(max_batched_tokens) as u64;
     let activations: u64 = row_widths(c).iter().map(|&w| w as u64).sum::<u64>() * rows;
     let logits = logit_rows * (2 * c.hidden_size as u64 + 2 * c.vocab_size as u64);
-    let widest = c
-        .hidden_size
-        .max(c.num_heads * c.head_dim)
-        .max(c.intermediate_size) as u64;
+    let widest = c.hidden_size.max(c.num_heads * c.head_dim).max(c.ffn_width()) as u64;
     let lora = rows * (2 * widest + max_lora_rank as u64);
     4 * (activations + logits + lora)
 }

@@ -236,6 +236,56 @@ impl Weights {
     }
 }
 
+impl Weights {
+    /// The `n` experts' `[rows, cols]` matrices of one projection: `per_expert(e)` each as stored in
+    /// safetensors (`…mlp.experts.E.gate_proj.weight`), or the slices of the one `[n, rows, cols]`
+    /// tensor `stacked` that GGUF files hold (`ffn_gate_exps`), each a view of its own bytes.
+    pub fn get_experts(
+        &self,
+        stacked: &str,
+        per_expert: impl Fn(usize) -> String,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<HostWeight>> {
+        let Some(entry) = self.tensors.get(stacked) else {
+            return (0..n).map(|e| self.get(&per_expert(e), &[rows, cols])).collect();
+        };
+        let file = &self.files[entry.file];
+        let err = |message: String| EngineError::Weights {
+            path: file.path.clone(),
+            tensor: stacked.into(),
+            message,
+        };
+        if entry.shape != [n, rows, cols] {
+            return Err(err(format!(
+                "shape {:?}, expected {:?}",
+                entry.shape,
+                [n, rows, cols]
+            )));
+        }
+        let dtype = entry.dtype.clone().map_err(err)?;
+        let row_bytes = dtype
+            .row_bytes(cols)
+            .ok_or_else(|| err(format!("{cols} columns are not whole {dtype} blocks")))?;
+        let per = rows * row_bytes;
+        if entry.end - entry.start != n * per {
+            return Err(err(format!(
+                "{} bytes, expected {} for {n} experts",
+                entry.end - entry.start,
+                n * per
+            )));
+        }
+        (0..n)
+            .map(|e| {
+                let start = entry.start + e * per;
+                let source: Arc<dyn ByteSource> = file.map.clone();
+                HostWeight::new(source, start, start + per, dtype, rows, cols).map_err(|x| err(x.to_string()))
+            })
+            .collect()
+    }
+}
+
 impl Entry {
     /// A tensor at `start..end` of the (single) file.
     pub(crate) fn new(

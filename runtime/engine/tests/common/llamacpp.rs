@@ -107,7 +107,8 @@ pub fn argmax(v: &[f32]) -> u32 {
 #[derive(Clone, Copy, Debug)]
 pub struct Bar {
     /// Max |Δlogit| over llama.cpp's top-64 (and its full rows); `None` for quantized weights, where
-    /// only top-1 agreement counts and every disagreement must be a near tie.
+    /// only top-1 agreement counts. Either way every disagreement must be a near tie (with ties of 0,
+    /// none is allowed).
     pub tolerance: Option<f32>,
     /// Share of positions with the same top-1.
     pub min_top1: f64,
@@ -155,7 +156,7 @@ pub fn check(md: &ModelDir, c: &Case, bar: Bar) -> Measured {
                 .find(|e| e.0 == ours_top)
                 .map_or(f32::INFINITY, |e| top[0].1 - e.1);
             assert!(
-                tolerance.is_none() && gap <= our_tie && their_gap <= their_tie,
+                gap <= our_tie && their_gap <= their_tie,
                 "{} position {pos}: top-1 {ours_top} vs llama.cpp's {}, {gap} apart in our logits, {their_gap} in llama.cpp's",
                 c.name,
                 top[0].0
@@ -201,8 +202,10 @@ pub fn check(md: &ModelDir, c: &Case, bar: Bar) -> Measured {
             worst.0,
             worst.1
         );
-        // The engine's own greedy continuation (teacher-forced = free-running, as every earlier
-        // top-1 agrees) is llama.cpp's.
+    }
+    // Where no near tie may flip: the engine's own greedy continuation (teacher-forced =
+    // free-running, as every earlier top-1 agrees) is llama.cpp's.
+    if tolerance.is_some() && min_top1 >= 1.0 {
         let n = c.prompt.len();
         let greedy: Vec<u32> = (0..c.continuation.len())
             .map(|i| argmax(&ours[n - 1 + i]))

@@ -206,6 +206,43 @@ mod tests {
         plan(&Cli::parse_from(argv).plan).unwrap()
     }
 
+    /// Qwen3-30B-A3B's published config: 30.5 B parameters, 3.3 B activated (with the embedding).
+    #[test]
+    fn a_mixture_of_experts_counts_its_active_parameters_in_the_flops() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        std::fs::write(
+            &config,
+            r#"{"architectures":["Qwen3MoeForCausalLM"],"hidden_size":2048,"intermediate_size":6144,
+            "moe_intermediate_size":768,"num_hidden_layers":48,"num_attention_heads":32,
+            "num_key_value_heads":4,"head_dim":128,"vocab_size":151936,"max_position_embeddings":40960,
+            "rms_norm_eps":1e-6,"rope_theta":1000000.0,"tie_word_embeddings":false,"num_experts":128,
+            "num_experts_per_tok":8,"norm_topk_prob":true,"decoder_sparse_step":1,"mlp_only_layers":[],
+            "torch_dtype":"bfloat16"}"#,
+        )
+        .unwrap();
+        let argv = ["plan", "--config", config.to_str().unwrap()];
+        let r = plan(&Cli::parse_from(argv).plan).unwrap();
+        let (h, layers) = (2048u64, 48u64);
+        let attention = h * 4096 + 2 * h * 512 + 4096 * h;
+        let router = 128 * h;
+        let expert = 3 * h * 768;
+        let vocab = 151_936 * h;
+        assert_eq!(
+            r.parameters.matmul,
+            layers * (attention + router + 8 * expert) + vocab
+        );
+        let norms = layers * (2 * h + 2 * 128) + h;
+        assert_eq!(
+            r.parameters.total,
+            2 * vocab + layers * (attention + router + 128 * expert) + norms
+        );
+        // The published figures: 30.5 B in all, 3.3 B activated counting the embedding lookup.
+        assert_eq!(r.parameters.total / 100_000_000, 305);
+        assert_eq!((r.parameters.matmul + vocab) / 100_000_000, 33);
+        assert_eq!(r.flops_per_token.matmul, 2 * r.parameters.matmul);
+    }
+
     #[test]
     fn the_worked_example_exactly() {
         // 80 layers x 8 KV heads x head dim 128 x 2 bytes x 2 (K and V) = 320 KiB per token;

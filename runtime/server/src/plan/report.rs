@@ -22,7 +22,8 @@ use serde::Serialize;
 pub struct Params {
     /// Every weight (embedding, LM head if untied, projections, norms, biases).
     pub total: u64,
-    /// Those a token multiplies in a forward pass: the projections and the LM head.
+    /// Those a token multiplies in a forward pass: the projections and the LM head — of a MoE layer,
+    /// the router and the `top_k` experts a token is routed to (its *active* parameters), not all.
     pub matmul: u64,
 }
 
@@ -35,7 +36,19 @@ pub fn parameters(c: &ModelConfig) -> Params {
     );
     let q = (c.num_heads * c.head_dim) as u64;
     let kv = (c.num_kv_heads * c.head_dim) as u64;
-    let projections = h * q + 2 * h * kv + q * h + 3 * h * i;
+    let attention = h * q + 2 * h * kv + q * h;
+    let dense_ffn = 3 * h * i;
+    // Per layer: (all FFN parameters, those a token multiplies).
+    let ffn = |l: usize| match &c.moe {
+        Some(m) if m.is_moe(l) => {
+            let (n, k, f) = (m.num_experts as u64, m.top_k as u64, m.expert_ff as u64);
+            (n * h + n * 3 * h * f, n * h + k * 3 * h * f)
+        }
+        _ => (dense_ffn, dense_ffn),
+    };
+    let (ffn_total, ffn_active) = (0..c.num_layers)
+        .map(ffn)
+        .fold((0, 0), |(t, a), (lt, la)| (t + lt, a + la));
     let biases = if c.qkv_bias { q + 2 * kv } else { 0 } + if c.o_bias { h } else { 0 };
     let layers = c.num_layers as u64;
     let embed = v * h;
@@ -44,8 +57,8 @@ pub fn parameters(c: &ModelConfig) -> Params {
     let norms =
         if c.sandwich_norms { 4 * h } else { 2 * h } + if c.qk_norm { 2 * c.head_dim as u64 } else { 0 };
     Params {
-        total: embed + lm_head + layers * (projections + biases + norms) + h,
-        matmul: layers * projections + v * h,
+        total: embed + lm_head + layers * (attention + biases + norms) + ffn_total + h,
+        matmul: layers * attention + ffn_active + v * h,
     }
 }
 

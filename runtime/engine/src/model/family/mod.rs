@@ -11,6 +11,7 @@
 mod gemma3;
 mod llama;
 mod qwen3;
+mod qwen3moe;
 
 use super::config::{Architecture, ModelConfig};
 use super::gguf::GgufFile;
@@ -25,6 +26,7 @@ pub(crate) fn apply_hf(v: &Value, c: &mut ModelConfig, err: ErrFn<'_>) -> Result
     match c.architecture {
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => llama::apply_hf(v, c, err),
         Architecture::Qwen3 => qwen3::apply_hf(v, c, err),
+        Architecture::Qwen3Moe => qwen3moe::apply_hf(v, c, err),
         Architecture::Gemma3 => gemma3::apply_hf(v, c, err),
     }
 }
@@ -41,6 +43,10 @@ pub(crate) fn gguf_family(
         "llama" => ("LlamaForCausalLM", true),
         "qwen2" => ("Qwen2ForCausalLM", false),
         "qwen3" => ("Qwen3ForCausalLM", false),
+        "qwen3moe" => {
+            qwen3moe::gguf_keys(g, hf)?;
+            ("Qwen3MoeForCausalLM", false)
+        }
         "gemma3" => {
             gemma3::gguf_keys(g, hf)?;
             ("Gemma3ForCausalLM", false)
@@ -50,12 +56,17 @@ pub(crate) fn gguf_family(
 }
 
 /// The GGUF architectures the engine reads.
-pub(crate) const GGUF_SUPPORTED: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
+pub(crate) const GGUF_SUPPORTED: [&str; 5] = ["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"];
 
 /// The Hugging Face name of a per-layer GGUF tensor `part` (`attn_q.weight`, …) in architecture `arch`.
 pub(crate) fn gguf_layer_tensor(arch: &str, part: &str) -> Option<&'static str> {
     if arch == "gemma3"
         && let Some(name) = gemma3::gguf_tensor(part)
+    {
+        return Some(name);
+    }
+    if arch == "qwen3moe"
+        && let Some(name) = qwen3moe::gguf_tensor(part)
     {
         return Some(name);
     }
