@@ -76,7 +76,12 @@ fn family(shape: Shape, arch: Architecture, prefix: &str) {
         let c = case(&format!("{prefix}-{suffix}"));
         // The generator's tokenizer still gives llama.cpp's prompt ids (tokens added since, such as
         // Qwen3's `<think>`, took ids no prompt token uses).
-        assert_eq!(md.tokenizer.encode(&c.prompt_text, true).unwrap(), c.prompt, "{}", c.name);
+        assert_eq!(
+            md.tokenizer.encode(&c.prompt_text, true).unwrap(),
+            c.prompt,
+            "{}",
+            c.name
+        );
         check(&md, &c, bar);
     }
 }
