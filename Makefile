@@ -11,6 +11,10 @@ CARGO ?= cargo
 # Seconds the structured-output fuzzer runs in `make test` (runtime/server/tests/constraint_fuzz.rs);
 # `make fuzz FUZZ_SECONDS=1800` is the long run.
 FUZZ_SECONDS ?= 60
+# Seconds the soak runs in `make test` (runtime/server/tests/soak.rs; its own default, 180, is the
+# longer run: `MODELFLEET_SOAK_SECONDS=1800 cargo test -p modelfleet-runtime --test soak`). 90 s is
+# still 30 rewrites of the tenants file and several hundred requests; it keeps CI under an hour.
+SOAK_SECONDS ?= 90
 
 .PHONY: setup build up down test lint unit e2e crds clean-cluster fuzz dist images push images-check
 
@@ -38,7 +42,7 @@ lint:
 
 unit:
 	@echo "[make] $$(date -u +%FT%TZ) unit"
-	MODELFLEET_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --workspace
+	MODELFLEET_FUZZ_SECONDS=$(FUZZ_SECONDS) MODELFLEET_SOAK_SECONDS=$(SOAK_SECONDS) $(CARGO) test --workspace
 
 # Release artifacts (docs/install.md): the release binaries, the three images (buildah, no daemon), and
 # `make images push REGISTRY=…` to push them by digest and print the chart values that pin them.

@@ -63,8 +63,13 @@ pub struct ChatLogprobs {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The generated text (`null` when the answer is tool calls only).
+    /// The generated text (`null` when the answer is tool calls only, or a thinking model's answer
+    /// ended inside its reasoning).
     pub content: Option<String>,
+    /// A thinking model's reasoning (its leading `<think>…</think>` block, without the tags); absent
+    /// for other models and when there was none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The calls the model made, when `tools` were given and it called any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
@@ -157,6 +162,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning (thinking models: the text inside the leading `<think>…</think>` block).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// New tool-call pieces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,

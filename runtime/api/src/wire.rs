@@ -233,6 +233,10 @@ pub struct ChatCompletionRequest {
     pub tool_choice: Option<ToolChoice>,
     /// Whether one answer may hold several calls (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// Extra variables for the chat template (Hugging Face's `apply_chat_template(**kwargs)`), e.g.
+    /// `{"enable_thinking": false}` for Qwen3. Names the server sets itself (`messages`, `tools`,
+    /// `add_generation_prompt`, `bos_token`, `eos_token`, …) are refused; at most 32 keys and 16 KiB.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Sampling and stopping (parsed separately so errors keep their field paths).
     #[serde(skip)]
     pub sampling: Sampling,
@@ -249,6 +253,7 @@ const CHAT_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "chat_template_kwargs",
 ];
 
 /// A completions prompt: text, texts, token ids, or lists of token ids.
@@ -482,6 +487,11 @@ mod tests {
             r#"{"model":"tiny","messages":[{"role":"user","content":"x","tool_calls":[]}]}"#,
             "messages[0].tool_calls",
             "only for assistant",
+        );
+        check(
+            &format!("{{{m},\"chat_template_kwargs\":[1]}}"),
+            "chat_template_kwargs",
+            "expected a map",
         );
         check(
             &format!("{{{m},\"temprature\":0.5}}"),

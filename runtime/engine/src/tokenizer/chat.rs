@@ -2,7 +2,8 @@
 //! like Hugging Face's `apply_chat_template` (`trim_blocks`, `lstrip_blocks`, loop controls) and with
 //! what real templates call: `raise_exception`, `tojson`, `strftime_now`, Python string methods
 //! (`.strip()`, `.startswith()`, … via `minijinja-contrib`'s pycompat), `bos_token`/`eos_token` and
-//! `add_generation_prompt`.
+//! `add_generation_prompt`, and extra variables a request passes (`chat_template_kwargs`, e.g. Qwen3's
+//! `enable_thinking`), which may not shadow any of those ([`ChatTemplate::RESERVED`]).
 //!
 //! Invariants: the template is compiled once, at load, so a broken template fails start-up rather than
 //! a request; `raise_exception(msg)` becomes [`EngineError::Template`] carrying `msg` (the server maps
@@ -71,6 +72,8 @@ impl ChatMessage {
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template's text (what it mentions, e.g. `<think>`, says what kind of model it is).
+    source: String,
     bos_token: String,
     eos_token: String,
     /// Whether the template writes the `tools` it is given into the prompt (probed at load).
@@ -83,6 +86,31 @@ const PROBE_TOOL: &str = "modelfleet_probe_tool";
 const NAME: &str = "chat_template";
 
 impl ChatTemplate {
+    /// Names the renderer sets or defines itself, which extra variables may not shadow: the context
+    /// (`messages`, `tools`, `add_generation_prompt`, `bos_token`, `eos_token`) and the functions
+    /// templates call (ours and minijinja's globals).
+    pub const RESERVED: &'static [&'static str] = &[
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+        "raise_exception",
+        "strftime_now",
+        "range",
+        "dict",
+        "namespace",
+        "debug",
+        "loop",
+        "self",
+        "true",
+        "false",
+        "none",
+        "True",
+        "False",
+        "None",
+    ];
+
     /// Compiles `source`; `bos_token`/`eos_token` are the strings the template sees.
     pub fn new(source: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self> {
         let mut env = Environment::new();
@@ -103,6 +131,7 @@ impl ChatTemplate {
             .map_err(|e| EngineError::Template(describe(&e)))?;
         let mut t = Self {
             env,
+            source: source.to_string(),
             bos_token: bos_token.unwrap_or("").into(),
             eos_token: eos_token.unwrap_or("").into(),
             renders_tools: false,
@@ -113,6 +142,11 @@ impl ChatTemplate {
             .render_with_tools(&[ChatMessage::new("user", "hi")], Some(&probe), true)
             .is_ok_and(|text| text.contains(PROBE_TOOL));
         Ok(t)
+    }
+
+    /// The template's source text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Whether the template writes the `tools` it is given (Hugging Face's `tools` variable) into the
@@ -134,8 +168,28 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`render_with_tools`](Self::render_with_tools) with `extra` variables (Hugging Face's
+    /// `apply_chat_template(**kwargs)`); a name in [`Self::RESERVED`] is refused, never shadowed.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        extra: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String> {
         let msgs: Vec<Value> = messages.iter().map(ChatMessage::to_value).collect();
-        let mut ctx = BTreeMap::new();
+        let mut ctx: BTreeMap<&str, Value> = BTreeMap::new();
+        for (k, v) in extra.into_iter().flatten() {
+            if Self::RESERVED.contains(&k.as_str()) {
+                return Err(EngineError::Template(format!(
+                    "the variable `{k}` is set by the server and cannot be passed"
+                )));
+            }
+            ctx.insert(k.as_str(), Value::from(minijinja::value::Serde(v)));
+        }
         ctx.insert("messages", Value::from(msgs));
         if let Some(tools) = tools {
             ctx.insert("tools", Value::from(minijinja::value::Serde(tools)));
@@ -315,6 +369,21 @@ mod tests {
             out,
             "<tools>get_weather;</tools>\nuser: weather?\n<call>get_weather {\"city\": \"Paris\"}</call><result id=c1>18C</result>"
         );
+    }
+
+    #[test]
+    fn extra_variables_reach_the_template_but_never_shadow_its_own() {
+        let src = "{% if enable_thinking is defined and not enable_thinking %}off{% else %}on{% endif %}|{{ messages | length }}";
+        let t = ChatTemplate::new(src, None, None).unwrap();
+        assert_eq!(t.source(), src);
+        let msgs = [ChatMessage::new("user", "hi")];
+        let kw = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let off = kw(serde_json::json!({"enable_thinking": false}));
+        assert_eq!(t.render_with(&msgs, None, true, Some(&off)).unwrap(), "off|1");
+        assert_eq!(t.render(&msgs, true).unwrap(), "on|1");
+        let bad = kw(serde_json::json!({"messages": []}));
+        let e = t.render_with(&msgs, None, true, Some(&bad)).unwrap_err();
+        assert!(e.to_string().contains("`messages`"), "{e}");
     }
 
     #[test]

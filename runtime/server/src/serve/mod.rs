@@ -21,6 +21,7 @@ mod openai;
 pub mod openapi;
 pub mod params;
 mod prompt;
+mod reasoning;
 mod routes;
 pub mod speculative;
 mod start;

@@ -8,7 +8,7 @@ use super::params::fit_context;
 use super::state::AppState;
 use super::stream::{Flavor, UsageOut, report, stream_response};
 use super::validate::{self, ValidChat};
-use super::{body, prompt, structured, tools};
+use super::{body, prompt, reasoning, structured, tools};
 use crate::api::error::ApiError;
 use crate::api::response::*;
 use crate::api::structured::ToolMode;
@@ -123,14 +123,16 @@ pub async fn chat(
     let md = st.model().clone();
     let renders_tools = md.chat_template.as_ref().is_some_and(|t| t.renders_tools());
     let (messages, tools_value) = tools::messages(&plan, &req.messages, renders_tools);
-    let prompt = prompt::chat(
-        &st,
+    let input = prompt::ChatInput {
         messages,
-        tools_value,
-        req.add_generation_prompt.unwrap_or(true),
-    )
-    .await?;
-    let specs = choice_specs(&st, vec![prompt], v.base, v.n)?;
+        tools: tools_value,
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+        kwargs: req.chat_template_kwargs.clone(),
+    };
+    let prompt::ChatPrompt { ids, start } = prompt::chat(&st, input).await?;
+    // A constrained answer is the constraint's from its first token (serve/reasoning.rs).
+    let start = start.map(|s| s.constrained(v.base.constraint.is_some()));
+    let specs = choice_specs(&st, vec![ids], v.base, v.n)?;
     let mut job = v.job;
     job.adapter = generate::acquire_adapter(&st, &v.choice, &job).await?;
     let running = generate::submit(&st, &job, specs)?;
@@ -142,6 +144,7 @@ pub async fn chat(
             id,
             with_logprobs,
             with_tools,
+            reasoning: start,
         };
         let usage = UsageOut {
             chunk: v.include_usage,
@@ -155,7 +158,8 @@ pub async fn chat(
         .iter()
         .zip(&done.outs)
         .map(|(&(_, index), o)| {
-            let (message, finish_reason) = tools::answer(with_tools, &o.text, &id, index, o.finish_reason());
+            let (message, finish_reason) =
+                reasoning::answer(start, with_tools, &o.text, (&id, index), o.finish_reason());
             ChatChoice {
                 index,
                 message,

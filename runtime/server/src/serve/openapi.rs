@@ -92,6 +92,28 @@ fn generation_ok(schema: &str) -> Value {
     }})
 }
 
+/// `chat_template_kwargs` with the limits the server enforces (serve/prompt.rs).
+fn with_kwargs_limits(mut chat: Value) -> Value {
+    use super::prompt::{MAX_KWARGS_BYTES, MAX_KWARGS_KEYS};
+    use modelfleet_engine::tokenizer::ChatTemplate;
+    let description = format!(
+        "Extra variables for the chat template (e.g. `{{\"enable_thinking\": false}}` for Qwen3): at most \
+         {MAX_KWARGS_KEYS} identifier keys and {MAX_KWARGS_BYTES} bytes of JSON; the names the server sets \
+         itself are refused."
+    );
+    chat["properties"]["chat_template_kwargs"] = json!({
+        "type": ["object", "null"],
+        "description": description,
+        "maxProperties": MAX_KWARGS_KEYS,
+        "propertyNames": {
+            "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+            "not": {"enum": ChatTemplate::RESERVED}
+        },
+        "additionalProperties": true
+    });
+    chat
+}
+
 /// The document.
 pub fn document() -> Value {
     let mut req = generator(false);
@@ -113,9 +135,9 @@ pub fn document() -> Value {
     }
     let mut schemas = req.take_definitions(true);
     schemas.extend(res.take_definitions(true));
-    schemas.insert("ChatCompletionRequest".into(), chat_req);
+    schemas.insert("ChatCompletionRequest".into(), with_kwargs_limits(chat_req));
     schemas.insert("CompletionRequest".into(), completion_req);
-    schemas.insert("TokenizeRequest".into(), tokenize_req);
+    schemas.insert("TokenizeRequest".into(), with_kwargs_limits(tokenize_req));
     schemas.insert("DetokenizeRequest".into(), detokenize_req);
     let gen_errors = [400, 401, 404, 413, 429, 500, 503, 504];
     json!({
@@ -175,6 +197,7 @@ mod tests {
             "stream_options",
             "cache_salt",
             "priority",
+            "chat_template_kwargs",
         ] {
             assert!(chat.get(field).is_some(), "chat request schema lacks {field}");
         }

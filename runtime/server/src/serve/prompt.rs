@@ -3,15 +3,20 @@
 //! seconds), so they run on the blocking pool, at most [`PromptWork`]'s permits at once, while the workers keep answering `/health`,
 //! `/ready` and `/metrics`.
 //!
+//! `chat_template_kwargs` ([`check_template_kwargs`]) are checked before anything is rendered: an object
+//! of at most [`MAX_KWARGS_KEYS`] identifier keys and [`MAX_KWARGS_BYTES`] of JSON, none of them a name
+//! the server sets itself.
+//!
 //! Invariant: a prompt that cannot fit the context is refused before anything is rendered or
 //! tokenized when that can be told from its size alone ([`Tokenizer::min_tokens_for`]: no token
 //! stands for more bytes than its own string holds), so an oversized body costs a length check.
 
 use super::params::context_error;
+use super::reasoning::{self, Start};
 use super::state::AppState;
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::wire::Prompt;
-use modelfleet_engine::tokenizer::ChatMessage;
+use modelfleet_engine::tokenizer::{ChatMessage, ChatTemplate};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -81,14 +86,85 @@ fn check_size(st: &AppState, param: &str, texts: &[&str]) -> Result<(), ApiError
     Ok(())
 }
 
-/// The chat's prompt: `messages` (and `tools`, the function list the template may describe) rendered
-/// with the model's template, then tokenized.
-pub async fn chat(
-    st: &Arc<AppState>,
-    messages: Vec<ChatMessage>,
-    tools: Option<serde_json::Value>,
-    add_generation_prompt: bool,
-) -> Result<Vec<u32>, ApiError> {
+/// Most keys in `chat_template_kwargs`.
+pub const MAX_KWARGS_KEYS: usize = 32;
+/// Most bytes of `chat_template_kwargs` as JSON.
+pub const MAX_KWARGS_BYTES: usize = 16 << 10;
+
+/// Refuses `chat_template_kwargs` over the limits, with a key that is not an identifier (a template
+/// could not read it) or one the server sets itself, naming the field.
+pub fn check_template_kwargs(
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<(), ApiError> {
+    const FIELD: &str = "chat_template_kwargs";
+    let Some(kwargs) = kwargs else { return Ok(()) };
+    if kwargs.len() > MAX_KWARGS_KEYS {
+        return Err(ApiError::invalid(
+            FIELD,
+            format!(
+                "`{FIELD}` may hold at most {MAX_KWARGS_KEYS} keys, got {}",
+                kwargs.len()
+            ),
+        ));
+    }
+    let bytes = serde_json::to_string(kwargs).map_or(usize::MAX, |s| s.len());
+    if bytes > MAX_KWARGS_BYTES {
+        return Err(ApiError::invalid(
+            FIELD,
+            format!("`{FIELD}` may be at most {MAX_KWARGS_BYTES} bytes of JSON, got {bytes}"),
+        ));
+    }
+    for key in kwargs.keys() {
+        let field = format!("{FIELD}.{key}");
+        let mut chars = key.chars();
+        let identifier = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && key.len() <= 64;
+        if !identifier {
+            return Err(ApiError::invalid(
+                &field,
+                format!("`{FIELD}` keys must be identifiers (letters, digits, `_`; at most 64), got {key:?}"),
+            ));
+        }
+        if ChatTemplate::RESERVED.contains(&key.as_str()) {
+            return Err(ApiError::invalid(
+                &field,
+                format!("`{field}`: the server sets `{key}` itself; it cannot be passed"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What a chat prompt is rendered from.
+pub struct ChatInput {
+    /// The messages, as the template sees them.
+    pub messages: Vec<ChatMessage>,
+    /// The function list, for a template that renders tools.
+    pub tools: Option<serde_json::Value>,
+    /// Open the assistant's turn.
+    pub add_generation_prompt: bool,
+    /// `chat_template_kwargs` (checked).
+    pub kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// A rendered and tokenized chat prompt.
+pub struct ChatPrompt {
+    /// The token ids.
+    pub ids: Vec<u32>,
+    /// Where a thinking model's answer starts (`None`: the model does not think).
+    pub start: Option<Start>,
+}
+
+/// The chat's prompt: `messages` (and `tools`, the function list the template may describe, and the
+/// request's `chat_template_kwargs`) rendered with the model's template, then tokenized.
+pub async fn chat(st: &Arc<AppState>, input: ChatInput) -> Result<ChatPrompt, ApiError> {
+    let ChatInput {
+        messages,
+        tools,
+        add_generation_prompt,
+        kwargs,
+    } = input;
     let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
     check_size(st, "messages", &texts)?;
     if st.model().chat_template.is_none() {
@@ -101,14 +177,17 @@ pub async fn chat(
         let md = st.model();
         let template = md.chat_template.as_ref().expect("checked above");
         let text = template
-            .render_with_tools(&messages, tools.as_ref(), add_generation_prompt)
+            .render_with(&messages, tools.as_ref(), add_generation_prompt, kwargs.as_ref())
             .map_err(|e| {
                 ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
             })?;
         check_size(st, "messages", &[&text])?;
-        md.tokenizer
+        let ids = md
+            .tokenizer
             .encode(&text, false)
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        let start = st.thinking.then(|| reasoning::start_of(&text));
+        Ok(ChatPrompt { ids, start })
     })
     .await
 }
@@ -149,5 +228,60 @@ pub fn count(prompt: &Prompt) -> usize {
         Prompt::Text(_) | Prompt::Tokens(_) => 1,
         Prompt::Texts(ts) => ts.len(),
         Prompt::TokenLists(ls) => ls.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(v: serde_json::Value) -> Result<(), ApiError> {
+        check_template_kwargs(v.as_object())
+    }
+
+    #[test]
+    fn template_kwargs_are_bounded_and_never_shadow_the_servers_variables() {
+        assert!(check(json!({"enable_thinking": false, "documents": [{"t": "x"}]})).is_ok());
+        assert!(check_template_kwargs(None).is_ok());
+        for (kwargs, field, fragment) in [
+            (
+                json!({"messages": []}),
+                "chat_template_kwargs.messages",
+                "sets `messages` itself",
+            ),
+            (
+                json!({"add_generation_prompt": false}),
+                "chat_template_kwargs.add_generation_prompt",
+                "itself",
+            ),
+            (
+                json!({"bos_token": "x"}),
+                "chat_template_kwargs.bos_token",
+                "itself",
+            ),
+            (
+                json!({"raise_exception": 1}),
+                "chat_template_kwargs.raise_exception",
+                "itself",
+            ),
+            (
+                json!({"enable-thinking": true}),
+                "chat_template_kwargs.enable-thinking",
+                "identifiers",
+            ),
+            (json!({"": true}), "chat_template_kwargs.", "identifiers"),
+        ] {
+            let e = check(kwargs).unwrap_err();
+            assert_eq!((e.status(), e.param.as_deref()), (400, Some(field)));
+            assert!(e.message.contains(fragment), "{}", e.message);
+        }
+        let many: serde_json::Map<_, _> = (0..33).map(|i| (format!("k{i}"), json!(i))).collect();
+        let e = check_template_kwargs(Some(&many)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("chat_template_kwargs"));
+        assert!(e.message.contains("at most 32 keys, got 33"), "{}", e.message);
+        let e = check(json!({"big": "x".repeat(MAX_KWARGS_BYTES)})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("chat_template_kwargs"));
+        assert!(e.message.contains("at most 16384 bytes"), "{}", e.message);
     }
 }

@@ -120,6 +120,9 @@ pub struct TokenizeRequest {
     /// End the rendered chat with the assistant's header (default true).
     #[serde(default)]
     pub add_generation_prompt: Option<bool>,
+    /// Extra variables for the chat template, as in a chat request.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// `POST /detokenize`.
@@ -168,7 +171,14 @@ async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, raw: Body
                 // The history renders as in a chat request without tools (calls and results included).
                 let no_tools = crate::api::structured::tool_plan(None, None, None)?;
                 let (msgs, _) = super::tools::messages(&no_tools, &msgs, template.renders_tools());
-                prompt::chat(&st, msgs, None, req.add_generation_prompt.unwrap_or(true)).await?
+                prompt::check_template_kwargs(req.chat_template_kwargs.as_ref())?;
+                let input = prompt::ChatInput {
+                    messages: msgs,
+                    tools: None,
+                    add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                    kwargs: req.chat_template_kwargs,
+                };
+                prompt::chat(&st, input).await?.ids
             }
             _ => {
                 return Err(ApiError::invalid(

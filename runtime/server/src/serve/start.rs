@@ -137,6 +137,7 @@ pub async fn build_state(
     let name = cfg.served_name.clone();
     let st = Arc::new(AppState {
         grammars: structured::grammars(engine.model_dir()).await,
+        thinking: super::reasoning::detect(engine.model_dir()),
         spec_metrics: crate::metrics::speculative::SpecMetrics::new(metrics.registry(), &name),
         step_metrics: crate::metrics::steps::StepMetrics::new(
             metrics.registry(),

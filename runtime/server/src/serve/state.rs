@@ -43,6 +43,8 @@ pub struct AppState {
     pub adapters: Arc<Registry>,
     /// Set once the start-up adapters were loaded (or recorded as failed): `/ready` waits for it.
     pub adapters_ready: AtomicBool,
+    /// The model thinks (`<think>…</think>` split out as `reasoning_content`; serve/reasoning.rs).
+    pub thinking: bool,
     /// Structured output: the model's grammar compiler and cache, or why it has none.
     pub grammars: super::structured::GrammarSupport,
     /// `--enable-fault-injection`: the admin API may inject faults (tests, chaos drills).

@@ -1,5 +1,6 @@
 //! Streaming answers (SSE) for both endpoints: an opening chunk per choice, a chunk per token (tool
-//! calls parsed into `delta.tool_calls` for chat), an error event if a choice failed after it started,
+//! calls parsed into `delta.tool_calls` and a thinking model's reasoning split into
+//! `delta.reasoning_content` for chat), an error event if a choice failed after it started,
 //! the usage chunk when asked for, then `data: [DONE]`.
 //!
 //! Invariants: the first event is awaited before answering, so a request that fails or times out before
@@ -11,7 +12,7 @@
 use super::generate::{self, ChoiceOut, Running};
 use super::openai::{chat_logprobs, completion_logprobs, unix_now};
 use super::state::AppState;
-use super::tools;
+use super::{reasoning, tools};
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::response::*;
 use axum::response::sse::{Event, Sse};
@@ -32,6 +33,8 @@ pub enum Flavor {
         with_logprobs: bool,
         /// Parse tool calls into `delta.tool_calls`.
         with_tools: bool,
+        /// A thinking model's answers: where they start (`delta.reasoning_content`).
+        reasoning: Option<reasoning::Start>,
     },
     /// `text_completion` chunks.
     Completion {
@@ -75,6 +78,7 @@ pub async fn stream_response(
         model,
         created: unix_now(),
         parsers: tools::stream_parsers(&flavor_tools(&flavor), &keys),
+        splitters: reasoning::stream_splitters(flavor_reasoning(&flavor), keys.len()),
         outs: keys.iter().map(|_| ChoiceOut::default()).collect(),
         keys,
         flavor,
@@ -107,6 +111,8 @@ struct Chunks {
     keys: Vec<(usize, u32)>,
     outs: Vec<ChoiceOut>,
     parsers: Vec<Option<tools::parse::CallParser>>,
+    /// A thinking model's reasoning splitters (one per choice).
+    splitters: Vec<Option<reasoning::Splitter>>,
     /// The first choice that failed after starting.
     failure: Option<ApiError>,
 }
@@ -155,6 +161,7 @@ impl Chunks {
                     delta: ChatDelta {
                         role: Some("assistant"),
                         content: Some(String::new()),
+                        reasoning_content: None,
                         tool_calls: None,
                     },
                     logprobs: None,
@@ -182,8 +189,15 @@ impl Chunks {
         };
         match &self.flavor {
             Flavor::Chat { with_logprobs, .. } => {
-                let delta = tools::stream_delta(self.parsers[i].as_mut(), &text, finish.is_some());
-                let empty = delta.tool_calls.is_none() && delta.content.as_deref().is_none_or(str::is_empty);
+                let delta = reasoning::stream_delta(
+                    self.splitters[i].as_mut(),
+                    self.parsers[i].as_mut(),
+                    &text,
+                    finish.is_some(),
+                );
+                let empty = delta.tool_calls.is_none()
+                    && delta.reasoning_content.is_none()
+                    && delta.content.as_deref().is_none_or(str::is_empty);
                 if empty && lp.is_none() && finish.is_none() {
                     return None;
                 }
@@ -294,6 +308,14 @@ impl Chunks {
 
 fn sse_json<T: serde::Serialize>(v: &T) -> Event {
     Event::default().data(serde_json::to_string(v).expect("response bodies serialise"))
+}
+
+/// Where a chat stream's answers start, when the model thinks.
+fn flavor_reasoning(flavor: &Flavor) -> Option<reasoning::Start> {
+    match flavor {
+        Flavor::Chat { reasoning, .. } => *reasoning,
+        Flavor::Completion { .. } => None,
+    }
 }
 
 /// The id prefix of tool calls, when a chat stream parses them.

@@ -72,6 +72,7 @@ pub async fn chat(
             "this model has no chat template; use /v1/completions",
         ));
     }
+    super::prompt::check_template_kwargs(req.chat_template_kwargs.as_ref())?;
     let logprobs = logprobs_count(req.logprobs, req.top_logprobs)?;
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let tools_grammar = tools::grammar::lark(&plan);

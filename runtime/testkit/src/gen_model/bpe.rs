@@ -21,6 +21,8 @@ const CORPUS: &str = include_str!("corpus.txt");
 pub(crate) struct BpeSpec<'a> {
     /// Special tokens, given ids `0..specials.len()`.
     pub specials: &'a [&'a str],
+    /// Plain added tokens (not special: they stay in decoded text), given the last ids.
+    pub added: &'a [&'a str],
     /// Total vocabulary size (must be at least `specials + 256`).
     pub vocab_size: usize,
     /// A token the post-processor prepends to every encoded text (`add_special_tokens = true`).
@@ -97,17 +99,21 @@ fn learn_merges(n: usize) -> Vec<(String, String)> {
 /// Builds the `tokenizer.json` document.
 pub(crate) fn tokenizer_json(spec: &BpeSpec<'_>) -> Result<String, String> {
     let base = spec.specials.len() + 256;
-    if spec.vocab_size < base {
+    if spec.vocab_size < base + spec.added.len() {
         return Err(format!(
-            "vocab_size {} is below {base} (specials + bytes)",
-            spec.vocab_size
+            "vocab_size {} is below {} (specials + bytes + added tokens)",
+            spec.vocab_size,
+            base + spec.added.len()
         ));
     }
+    // The merges fill the vocabulary but the added tokens' ids, so the ids below them are the same
+    // with or without them (merges are learned in a fixed order).
+    let merged_size = spec.vocab_size - spec.added.len();
     let mut vocab: Vec<String> = spec.specials.iter().map(|s| s.to_string()).collect();
     vocab.extend(byte_chars().into_iter().map(String::from));
     let mut seen: HashSet<String> = vocab.iter().cloned().collect();
     let mut merges = Vec::new();
-    for (a, b) in learn_merges(spec.vocab_size - base) {
+    for (a, b) in learn_merges(merged_size - base) {
         let t = format!("{a}{b}");
         if seen.insert(t.clone()) {
             vocab.push(t);
@@ -116,7 +122,7 @@ pub(crate) fn tokenizer_json(spec: &BpeSpec<'_>) -> Result<String, String> {
     }
     // Pad with synthetic merges of existing (non-special) tokens, shortest first, in id order.
     let mut round = 0;
-    while vocab.len() < spec.vocab_size {
+    while vocab.len() < merged_size {
         // Learned tokens first, then printable ASCII bytes, then the other byte symbols.
         let mut pool: Vec<String> = vocab[base..].to_vec();
         pool.extend(
@@ -137,7 +143,7 @@ pub(crate) fn tokenizer_json(spec: &BpeSpec<'_>) -> Result<String, String> {
         );
         'outer: for a in &pool[lo..hi] {
             for b in &pool {
-                if vocab.len() >= spec.vocab_size {
+                if vocab.len() >= merged_size {
                     break 'outer;
                 }
                 let t = format!("{a}{b}");
@@ -148,6 +154,12 @@ pub(crate) fn tokenizer_json(spec: &BpeSpec<'_>) -> Result<String, String> {
             }
         }
         round += 1;
+    }
+    for a in spec.added {
+        if !seen.insert(a.to_string()) {
+            return Err(format!("added token {a:?} is already in the vocabulary"));
+        }
+        vocab.push(a.to_string());
     }
     let map: Vocab = vocab
         .iter()
@@ -178,6 +190,8 @@ pub(crate) fn tokenizer_json(spec: &BpeSpec<'_>) -> Result<String, String> {
     }
     t.add_special_tokens(spec.specials.iter().map(|s| AddedToken::from(*s, true)))
         .map_err(|e| e.to_string())?;
+    t.add_tokens(spec.added.iter().map(|s| AddedToken::from(*s, false)))
+        .map_err(|e| e.to_string())?;
     t.to_string(false).map_err(|e| e.to_string())
 }
 
@@ -189,6 +203,7 @@ mod tests {
     fn vocabulary_is_exact_deterministic_and_round_trips() {
         let spec = BpeSpec {
             specials: &["<s>", "</s>"],
+            added: &[],
             vocab_size: 700,
             bos: Some("<s>"),
         };
@@ -204,5 +219,32 @@ mod tests {
         for id in [3u32, 300, 699] {
             assert!(t.id_to_token(id).is_some(), "id {id} has a token");
         }
+    }
+
+    #[test]
+    fn added_tokens_take_the_last_ids_and_leave_the_others_alone() {
+        let spec = |added| BpeSpec {
+            specials: &["<|endoftext|>"],
+            added,
+            vocab_size: 600,
+            bos: None,
+        };
+        let plain: tokenizers::Tokenizer = tokenizer_json(&spec(&[])).unwrap().parse().unwrap();
+        let with: tokenizers::Tokenizer = tokenizer_json(&spec(&["<think>", "</think>"]))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(with.get_vocab_size(true), 600);
+        for id in 0..598u32 {
+            assert_eq!(plain.id_to_token(id), with.id_to_token(id), "id {id}");
+        }
+        let enc = with.encode("<think>a b</think>c", false).unwrap();
+        assert_eq!(enc.get_ids()[0], 598);
+        assert_eq!(enc.get_ids().iter().filter(|&&i| i == 599).count(), 1);
+        assert_eq!(
+            with.decode(enc.get_ids(), true).unwrap(),
+            "<think>a b</think>c",
+            "not special: kept when special tokens are skipped"
+        );
     }
 }

@@ -54,6 +54,7 @@ pub(crate) fn spec(shape: Shape, tiny: ModelShape) -> ModelShape {
         Shape::TinyQwen3 => ModelShape {
             architecture: "Qwen3ForCausalLM",
             model_type: "qwen3",
+            family: Family::Qwen3,
             head_dim: Some(128),
             extra: Extra::Qwen3,
             ..base
@@ -74,6 +75,7 @@ pub(crate) fn spec(shape: Shape, tiny: ModelShape) -> ModelShape {
         Shape::TinyQwen3Moe => ModelShape {
             architecture: "Qwen3MoeForCausalLM",
             model_type: "qwen3_moe",
+            family: Family::Qwen3,
             tied: false,
             extra: Extra::Qwen3Moe {
                 experts: 8,
@@ -137,6 +139,7 @@ pub(crate) fn tokens(family: Family) -> FamilyTokens {
                 "<start_of_turn>",
                 "<end_of_turn>",
             ],
+            added: &[],
             bos: "<bos>",
             prepend_bos: true,
             eos: "<eos>",
@@ -151,6 +154,7 @@ pub(crate) fn tokens(family: Family) -> FamilyTokens {
                 "<|assistant|>",
                 "<|end|>",
             ],
+            added: &[],
             bos: "<|endoftext|>",
             prepend_bos: false,
             eos: "<|end|>",

@@ -177,7 +177,17 @@ pub(crate) fn write_gguf(
     let id = |s: &str| fam.specials.iter().position(|x| *x == s).expect("special token") as u64;
     let (tokens, merges) = vocabulary(tokenizer_json)?;
     let types: Vec<GgufValue> = (0..tokens.len())
-        .map(|i| GgufValue::I64(if i < fam.specials.len() { 3 } else { 1 }))
+        .map(|i| {
+            // Control tokens 3, user-defined (plain added) tokens 4, as llama.cpp's converter writes.
+            let ty = if i < fam.specials.len() {
+                3
+            } else if fam.added.contains(&tokens[i].as_str()) {
+                4
+            } else {
+                1
+            };
+            GgufValue::I64(ty)
+        })
         .collect();
     let k = |s: &str| format!("{arch}.{s}");
     let u = |v: usize| GgufValue::U64(v as u64);

@@ -7,7 +7,7 @@
 //! the metadata), with the same weights, optionally quantized to Q8_0, Q4_0 or Q4_K.
 //!
 //! Families: Llama (and its Mistral, Qwen2 variants) in shapes.rs; Qwen3, Gemma 3, Qwen3-MoE and Phi-3
-//! in families.rs.
+//! in families.rs; the Qwen3 chat format (thinking, tool calls) in qwen3.rs.
 //!
 //! `modelfleet-runtime gen-model DIR --shape S --seed N [--dtype D] [--format F]` is its command line.
 //!
@@ -18,6 +18,7 @@
 mod bpe;
 mod families;
 mod gguf;
+mod qwen3;
 mod shapes;
 mod weights;
 
@@ -120,6 +121,7 @@ pub fn gen_model(dir: &Path, opts: &GenModelOptions) -> Result<(), GenModelError
     let fam = shape.family.tokens();
     let spec = bpe::BpeSpec {
         specials: fam.specials,
+        added: fam.added,
         vocab_size: shape.vocab,
         bos: fam.prepend_bos.then_some(fam.bos),
     };

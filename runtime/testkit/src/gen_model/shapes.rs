@@ -53,6 +53,8 @@ pub enum Shape {
 pub(crate) enum Family {
     /// `<|im_start|>role\n…<|im_end|>` (SmolLM2, Qwen2).
     ChatMl,
+    /// ChatML with Qwen3's thinking (`<think>`, `enable_thinking`) and tool calls (qwen3.rs).
+    Qwen3,
     /// `<|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|>` (Llama 3).
     Llama3,
     /// `<s>[INST] … [/INST]…</s>` (Mistral).
@@ -184,6 +186,8 @@ impl Shape {
 /// Special tokens and chat conventions of a family.
 pub(crate) struct FamilyTokens {
     pub specials: &'static [&'static str],
+    /// Plain (not special) added tokens, given the last ids of the vocabulary: they stay in decoded text.
+    pub added: &'static [&'static str],
     /// The `bos_token` (and whether the tokenizer prepends it).
     pub bos: &'static str,
     pub prepend_bos: bool,
@@ -228,6 +232,7 @@ impl Family {
         match self {
             Family::ChatMl => FamilyTokens {
                 specials: &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                added: &[],
                 bos: "<|im_start|>",
                 prepend_bos: false,
                 eos: "<|im_end|>",
@@ -242,6 +247,7 @@ impl Family {
                     "<|end_header_id|>",
                     "<|eot_id|>",
                 ],
+                added: &[],
                 bos: "<|begin_of_text|>",
                 prepend_bos: true,
                 eos: "<|eot_id|>",
@@ -250,6 +256,7 @@ impl Family {
             },
             Family::Mistral => FamilyTokens {
                 specials: &["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
+                added: &[],
                 bos: "<s>",
                 prepend_bos: true,
                 eos: "</s>",
@@ -257,6 +264,7 @@ impl Family {
                 template: MISTRAL,
             },
             Family::Gemma | Family::Phi3 => families::tokens(self),
+            Family::Qwen3 => super::qwen3::tokens(Family::ChatMl.tokens()),
         }
     }
 }

@@ -192,6 +192,7 @@ pub fn answer(
         let m = AssistantMessage {
             role: "assistant",
             content: Some(text.to_owned()),
+            reasoning_content: None,
             tool_calls: None,
         };
         return (m, reason);
@@ -205,6 +206,7 @@ pub fn answer(
     let m = AssistantMessage {
         role: "assistant",
         content,
+        reasoning_content: None,
         tool_calls: (!calls.is_empty()).then_some(calls),
     };
     (m, reason)
