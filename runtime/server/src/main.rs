@@ -6,6 +6,8 @@
 //! - `digest PATH` prints the canonical digest of a model or adapter directory, or of one file.
 //! - `gen-model DIR --shape S --seed N [--dtype D] [--format safetensors|gguf]` writes a random-weight
 //!   model in Hugging Face layout (or one GGUF file).
+//! - `widen FILE.gguf --out OUT.gguf [--dtype f16|f32]` writes the same weights with the quantized
+//!   tensors widened (the `make up` sample).
 //! - `plan --model PATH|--config config.json [--max-model-len N] [--concurrency C] [--memory BYTES]`
 //!   prints the memory arithmetic: weights, KV bytes per token and request, FLOPs, the KV pool that fits.
 
@@ -39,6 +41,18 @@ enum Command {
     GenModel(modelfleet_runtime::gen_model::GenModelArgs),
     /// Write a random PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) for a base model.
     GenAdapter(modelfleet_runtime::gen_adapter::GenAdapterArgs),
+    /// Write a GGUF file with its quantized tensors widened to f16 (or f32): the same weights, run on
+    /// the float path with full-precision activations.
+    Widen {
+        /// The GGUF file to read.
+        src: PathBuf,
+        /// The GGUF file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// The element type to store.
+        #[arg(long, value_enum, default_value_t = modelfleet_testkit::widen::WidenTo::F16)]
+        dtype: modelfleet_testkit::widen::WidenTo,
+    },
     /// Print a model's memory arithmetic: weights, KV bytes per token and per request, FLOPs per token,
     /// and the KV pool `serve` would allocate in a given memory size.
     Plan(modelfleet_runtime::plan::PlanArgs),
@@ -52,6 +66,15 @@ fn main() -> ExitCode {
         Command::GenModel(args) => modelfleet_runtime::gen_model::run(args),
         Command::GenAdapter(args) => modelfleet_runtime::gen_adapter::run(args),
         Command::Plan(args) => modelfleet_runtime::plan::run(args),
+        Command::Widen { src, out, dtype } => {
+            match modelfleet_testkit::widen::widen_gguf(&src, &out, dtype) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("modelfleet-runtime widen: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Digest { path } => match modelfleet_runtime::digest::digest_path(&path) {
             Ok(d) => {
                 println!("{d}");

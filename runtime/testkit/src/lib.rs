@@ -7,7 +7,10 @@
 //! - [`gen_adapter`]: random PEFT LoRA adapters whose shapes come from a base model;
 //!   `modelfleet-runtime gen-adapter` is its command line.
 //! - [`fixtures`]: the real SmolLM2 weights' path and the structured-output tests' schema.
+//! - [`widen`]: a quantized GGUF file's tensors widened to f16 (`modelfleet-runtime widen`; the
+//!   sample deployment of `make up`).
 
 pub mod fixtures;
 pub mod gen_adapter;
 pub mod gen_model;
+pub mod widen;
