@@ -240,7 +240,10 @@ start_scheduler() {
 }
 
 start_kube_proxy() {
-  cat > "$S/kube-proxy.yaml" <<KP
+  # kube-proxy exits when its configuration file changes, even to the same content: a second `cluster
+  # up` (make up on a running cluster) rewrote it and left the node without Service routing. Written
+  # aside and moved in only when it differs.
+  cat > "$S/kube-proxy.yaml.new" <<KP
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $S/kube-proxy.kubeconfig}
@@ -254,6 +257,11 @@ nodePortAddresses: [primary]
 # nf_conntrack_max is the machine's, not the namespace's: leave it alone.
 conntrack: {maxPerCore: 0}
 KP
+  if cmp -s "$S/kube-proxy.yaml.new" "$S/kube-proxy.yaml"; then
+    rm -f "$S/kube-proxy.yaml.new"
+  else
+    mv "$S/kube-proxy.yaml.new" "$S/kube-proxy.yaml"
+  fi
   start kube-proxy "${IN_NS[@]}" "$MF_K8S_BIN/kube-proxy" --config "$S/kube-proxy.yaml" --v 1
 }
 
