@@ -2,11 +2,11 @@
 //!
 //! Per layer: RMSNorm → q/k/v projections (+bias) → [per-head q/k RMSNorm] → RoPE (the layer's: local
 //! or global) → store K/V at the batch's slots → paged attention (GQA; a sliding window on local
-//! layers) → output projection → [RMSNorm] → residual; RMSNorm → gated FFN (SwiGLU or GeGLU) →
-//! [RMSNorm] → residual. Then the final norm and LM head on the rows that asked for logits only, and a
-//! softcap if the family has one. The bracketed steps, the activation, the window and the RoPE bases
-//! are the family's, fixed at load from [`ModelConfig`] (`model::family` decides them); this file
-//! never asks which family it runs.
+//! layers) → output projection → [RMSNorm] → residual; RMSNorm → gated FFN (SwiGLU or GeGLU) or a
+//! mixture of SwiGLU experts (`model::moe`) → [RMSNorm] → residual. Then the final norm and LM head on
+//! the rows that asked for logits only, and a softcap if the family has one. The bracketed steps, the
+//! activation, the FFN kind, the window and the RoPE bases are the family's, fixed at load from
+//! [`ModelConfig`] (`model::family` decides them); this file never asks which family it runs.
 //!
 //! LoRA adapters add their deltas per row group right after each targeted projection (`model::lora`).
 //!

@@ -1,8 +1,8 @@
 //! What varies between model families, decided once when the config is read: each family's file turns
 //! the keys of its `config.json` into [`ModelConfig`]'s feature fields (q/k norms, sandwich norms, the
-//! activation, sliding windows and local RoPE, embedding scale, softcapping), and names the tensors its
-//! GGUF files spell differently. The decoder (`model::decoder`) then runs every family with one layer
-//! loop; nothing downstream matches on the architecture.
+//! activation, sliding windows and local RoPE, embedding scale, softcapping, experts), and names the
+//! tensors its GGUF files spell differently. The decoder (`model::decoder`) then runs every family with
+//! one layer loop; nothing downstream matches on the architecture.
 //!
 //! A new family: add its `Architecture` variant and `config.json` names in `config.rs`, a file here
 //! with its `apply_hf` (and `gguf_keys`/`gguf_tensor` if llama.cpp has it), and a tiny shape in
