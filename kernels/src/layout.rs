@@ -117,9 +117,14 @@ pub struct AttnHeads {
 /// Rotary-embedding parameters.
 #[derive(Clone, Copy, Debug)]
 pub struct Rope<'a> {
-    /// Per-pair inverse frequencies (`head_dim / 2`), scaling already applied.
+    /// Per-pair inverse frequencies, scaling already applied: `head_dim / 2` of them, or fewer when
+    /// only the first `2 · inv_freq.len()` elements of each head rotate (Phi-3's partial rotary
+    /// dimensions); the rest pass through unchanged.
     pub inv_freq: &'a [f32],
     /// Pairs are adjacent elements `(2i, 2i+1)` (GGML's "normal" mode, which GGUF Llama files need
     /// because their converter permuted Q/K rows) instead of Hugging Face's rotate-half `(i, i + d/2)`.
     pub interleaved: bool,
+    /// Cosines and sines are multiplied by this (LongRoPE's attention factor); 1 otherwise. It scales
+    /// the rotated elements only.
+    pub scale: f32,
 }

@@ -4,7 +4,8 @@
 //! Invariants: every row is computed independently with a sequential, fixed-order reduction, so results
 //! do not depend on the batch; rows are spread over the compute threads only when the work is large.
 //! Formulas follow Hugging Face `transformers`' Llama: RMSNorm `x / sqrt(mean(x²) + eps) · w` in f32,
-//! RoPE in the rotate-half layout (pairs `(i, i + d/2)`) with angle `pos · inv_freq[i]` in f32.
+//! RoPE in the rotate-half layout (pairs `(i, i + r/2)` over the first `r` rotary elements of a head)
+//! with angle `pos · inv_freq[i]` in f32.
 
 use super::pool;
 use super::simd::{self, Isa, Portable, Simd};
@@ -36,13 +37,15 @@ pub(crate) fn rms_norm(x: &[f32], w: WeightData<'_>, eps: f32, out: &mut [f32], 
     });
 }
 
-/// Rotary embedding in place, rotate-half or interleaved pairs.
+/// Rotary embedding in place, rotate-half or interleaved pairs, over the first `2 · inv_freq.len()`
+/// elements of each head.
 pub(crate) fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: &[u32], rope: Rope<'_>) {
     let Rope {
         inv_freq,
         interleaved,
+        scale,
     } = rope;
-    let half = head_dim / 2;
+    let half = inv_freq.len();
     // Element indices of pair `i`.
     let pair = |i: usize| {
         if interleaved {
@@ -51,7 +54,10 @@ pub(crate) fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: 
             (i, i + half)
         }
     };
-    assert_eq!(inv_freq.len(), half, "inv_freq length");
+    assert!(
+        2 * half <= head_dim,
+        "{half} rotary pairs in a head of {head_dim}"
+    );
     let width = num_heads * head_dim;
     pool::for_each_chunk(
         &mut x[..positions.len() * width],
@@ -63,7 +69,7 @@ pub(crate) fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: 
                 .iter()
                 .map(|f| {
                     let a = pos * f;
-                    (a.cos(), a.sin())
+                    (a.cos() * scale, a.sin() * scale)
                 })
                 .unzip();
             for h in row.chunks_mut(head_dim) {
@@ -321,6 +327,7 @@ mod tests {
             Rope {
                 inv_freq: &freqs,
                 interleaved: false,
+                scale: 1.0,
             },
         );
         // pair (0, 2) rotated by 90°, pair (1, 3) by 0.
@@ -335,11 +342,33 @@ mod tests {
             Rope {
                 inv_freq: &freqs,
                 interleaved: true,
+                scale: 1.0,
             },
         );
         // pair (0, 1) rotated by 90°, pair (2, 3) by 0.
         assert!((y[0] - 0.0).abs() < 1e-6 && (y[1] - 1.0).abs() < 1e-6);
         assert_eq!((y[2], y[3]), (0.0, 1.0));
+    }
+
+    /// Partial rotary dimensions (Phi-3): one pair over the first two of six elements, rotate-half
+    /// within them, scaled by the attention factor; the other four elements untouched.
+    #[test]
+    fn rope_rotates_only_the_rotary_part_and_scales_it() {
+        let freqs = [std::f32::consts::FRAC_PI_2];
+        let mut x = vec![1.0, 0.0, 5.0, 6.0, 7.0, 8.0];
+        rope(
+            &mut x,
+            1,
+            6,
+            &[1],
+            Rope {
+                inv_freq: &freqs,
+                interleaved: false,
+                scale: 2.0,
+            },
+        );
+        assert!(x[0].abs() < 1e-6 && (x[1] - 2.0).abs() < 1e-6, "{x:?}");
+        assert_eq!(&x[2..], &[5.0, 6.0, 7.0, 8.0]);
     }
 
     #[test]

@@ -106,7 +106,9 @@ impl<K: Kernels> Engine<K> {
         let blocks = cfg.num_kv_blocks.unwrap_or_else(|| {
             crate::kv::sizing::default_pool_tokens(cfg.max_num_seqs, max_model_len).div_ceil(cfg.block_size)
         });
-        let model = Decoder::load(&kernels, model_dir.config.clone(), &model_dir.weights)?;
+        let mut config = model_dir.config.clone();
+        config.serving_context = max_model_len;
+        let model = Decoder::load(&kernels, config, &model_dir.weights)?;
         let cache = model.new_kv_cache_as(&kernels, blocks, cfg.block_size, cfg.kv_cache_dtype);
         let mut model_dir = model_dir;
         model_dir.weights.release_maps();
@@ -203,7 +205,9 @@ impl<K: Kernels> Engine<K> {
                 md.config.max_position_embeddings, self.max_model_len
             )));
         }
-        let model = Decoder::load(&self.kernels, md.config.clone(), &md.weights)?;
+        let mut config = md.config.clone();
+        config.serving_context = self.max_model_len;
+        let model = Decoder::load(&self.kernels, config, &md.weights)?;
         let layout = &self.cache.layout;
         let cache = model.new_kv_cache_as(&self.kernels, num_kv_blocks, layout.block_size, layout.dtype);
         self.draft = Some(Draft { model, cache });

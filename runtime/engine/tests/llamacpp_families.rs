@@ -135,6 +135,39 @@ fn qwen3moe_matches_llama_cpp_in_f16_q8_0_and_q4_k() {
     );
 }
 
+/// Phi-3 (Phi-4-mini's shape in small: fused `attn_qkv` and gate/up `ffn_up`, RoPE on 48 of 64
+/// elements per head, LongRoPE's short factors and attention factor at llama.cpp's 512-token context).
+#[test]
+fn phi3_matches_llama_cpp_in_f16_q8_0_and_q4_k() {
+    family(Shape::TinyPhi3, Architecture::Phi3, "phi3");
+}
+
+/// The same Phi-3 in safetensors (`qkv_proj`, `gate_up_proj`, LongRoPE in `config.json`) gives the GGUF
+/// file's logits (both f32): the fused rows split alike, and the factors read from `config.json` equal
+/// those read from the GGUF file's `rope_factors_*` tensors.
+#[test]
+fn phi3_safetensors_and_gguf_agree() {
+    let st = common::generated(Shape::TinyPhi3, 7, GenDType::F32, GenFormat::Safetensors);
+    let gg = common::generated(Shape::TinyPhi3, 7, GenDType::F32, GenFormat::Gguf);
+    let (st, gg) = (
+        ModelDir::open(st.path()).unwrap(),
+        ModelDir::open(gg.path()).unwrap(),
+    );
+    assert_eq!(st.config.long_rope, gg.config.long_rope);
+    assert_eq!((st.config.rotary_dim, gg.config.rotary_dim), (48, 48));
+    let c = case("phi3-f16");
+    let tokens: Vec<u32> = c.prompt.iter().chain(&c.continuation).copied().collect();
+    let (a, b) = (engine_logits(&st, &tokens), engine_logits(&gg, &tokens));
+    let max = a
+        .iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    eprintln!("phi3 safetensors vs GGUF f32: max |Δlogit| {max:.2e}");
+    assert!(max < 1e-4, "{max}");
+}
+
 /// The same Qwen3-MoE in safetensors (one tensor per expert, `mlp.experts.E.*_proj`) gives the GGUF
 /// file's logits (both f32, the same values): the two layouts load the same experts.
 #[test]

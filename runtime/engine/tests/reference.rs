@@ -1,10 +1,15 @@
 //! The engine against an independent implementation: `candle-transformers`' Llama, Mistral, Qwen2,
-//! Qwen3 and Gemma 3 models (written by Hugging Face, not here) on each architecture's `gen-model`
+//! Qwen3, Gemma 3 and Phi-3 models (written by Hugging Face, not here) on each architecture's `gen-model`
 //! output in safetensors — the Hugging Face layout, where Gemma stores its norms as offsets from 1.
 //!
 //! candle's Gemma 3 lets a local layer see one key more than `transformers` and llama.cpp do (its mask
 //! keeps `i − j ≤ window`), so the Gemma comparison widens the window past the sequence; the window
 //! itself is checked against llama.cpp (llamacpp_families.rs).
+//!
+//! candle's Phi-3 LongRoPE multiplies the per-pair factors into the frequencies where `transformers`
+//! divides by them, and leaves out the attention factor, so the Phi-3 comparison runs without
+//! `rope_scaling` (fused projections and partial rotary dimensions are what it checks); LongRoPE is
+//! checked against llama.cpp.
 //!
 //! For each tiny shape: the engine prefills a chat prompt and greedily generates 64 tokens; candle then
 //! runs the same token sequence one position at a time. At every position the logits must agree within
@@ -14,7 +19,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::{gemma3, llama, mistral, qwen2, qwen3};
+use candle_transformers::models::{gemma3, llama, mistral, phi3, qwen2, qwen3};
 use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::cpu::{Bf16Dot, CpuKernels};
 use modelfleet_engine::kv::{FreeListPool, KvCacheManager};
@@ -37,6 +42,7 @@ enum Reference {
     Qwen2(qwen2::ModelForCausalLM),
     Qwen3(qwen3::ModelForCausalLM),
     Gemma3(gemma3::Model),
+    Phi3(phi3::Model),
 }
 
 impl Reference {
@@ -65,6 +71,10 @@ impl Reference {
                 let cfg: gemma3::Config = serde_json::from_str(&config).unwrap();
                 Reference::Gemma3(gemma3::Model::new(false, &cfg, vb).unwrap())
             }
+            Shape::TinyPhi3 => {
+                let cfg: phi3::Config = serde_json::from_str(&config).unwrap();
+                Reference::Phi3(phi3::Model::new(&cfg, vb).unwrap())
+            }
             _ => {
                 let cfg: llama::LlamaConfig = serde_json::from_str(&config).unwrap();
                 let cfg = cfg.into_config(false);
@@ -82,6 +92,7 @@ impl Reference {
             Reference::Qwen2(m) => m.forward(&input, pos).unwrap(),
             Reference::Qwen3(m) => m.forward(&input, pos).unwrap(),
             Reference::Gemma3(m) => m.forward(&input, pos).unwrap(),
+            Reference::Phi3(m) => m.forward(&input, pos).unwrap(),
         };
         out.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
@@ -105,6 +116,16 @@ fn check_shape(shape: Shape, dtype: GenDType) {
         let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         config["sliding_window"] = 4096.into();
         config["sliding_window_pattern"] = 6.into();
+        std::fs::write(&path, config.to_string()).unwrap();
+    }
+    if shape == Shape::TinyPhi3 {
+        // Without LongRoPE (see the header); candle reads one EOS id.
+        let path = dir.path().join("config.json");
+        let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        config["rope_scaling"] = serde_json::Value::Null;
+        if let Some(first) = config["eos_token_id"].as_array().and_then(|a| a.first()).cloned() {
+            config["eos_token_id"] = first;
+        }
         std::fs::write(&path, config.to_string()).unwrap();
     }
     let md = ModelDir::open(dir.path()).unwrap();
@@ -243,6 +264,11 @@ fn tiny_qwen3_with_qk_norms_matches_candle() {
 #[test]
 fn tiny_gemma3_with_sandwich_norms_and_geglu_matches_candle() {
     check_shape(Shape::TinyGemma3, GenDType::F32);
+}
+
+#[test]
+fn tiny_phi3_with_fused_projections_and_partial_rotary_matches_candle() {
+    check_shape(Shape::TinyPhi3, GenDType::F32);
 }
 
 #[test]

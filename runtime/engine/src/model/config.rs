@@ -31,6 +31,9 @@ pub enum Architecture {
     Gemma3,
     /// `Qwen3MoeForCausalLM`: Qwen3's attention and a top-k mixture of SwiGLU experts.
     Qwen3Moe,
+    /// `Phi3ForCausalLM` (Phi-3, Phi-3.5-mini, Phi-4-mini): fused q/k/v and gate/up projections,
+    /// LongRoPE, partial rotary dimensions.
+    Phi3,
 }
 
 /// A mixture of experts in place of the dense FFN (Qwen3-MoE): a router picks `top_k` of
@@ -85,6 +88,21 @@ pub enum RopeScaling {
         /// Context length the model was pre-trained with.
         original_max_position_embeddings: usize,
     },
+}
+
+/// LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): per-pair frequency divisors for contexts within the
+/// pre-training length (`short`) and beyond it (`long`), and a factor on the rotary cosines and sines.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    /// Divisors used when the served context fits `original_max_position_embeddings`.
+    pub short_factor: Vec<f32>,
+    /// Divisors used when it does not.
+    pub long_factor: Vec<f32>,
+    /// The pre-training context length.
+    pub original_max_position_embeddings: usize,
+    /// The cosines and sines are multiplied by this (`√(1 + ln s / ln L)` for `s = max/original`,
+    /// `L = original`, unless the config gives `attention_factor`).
+    pub attention_factor: f32,
 }
 
 /// A validated model configuration.
@@ -152,6 +170,15 @@ pub struct ModelConfig {
     pub rope_local_theta: Option<f32>,
     /// A mixture of experts on some or all layers.
     pub moe: Option<Moe>,
+    /// Elements of each head that RoPE rotates (the first ones): `head_dim`, or fewer with Phi's
+    /// `partial_rotary_factor`; always even.
+    pub rotary_dim: usize,
+    /// LongRoPE's factors, in place of `rope_scaling`.
+    pub long_rope: Option<LongRope>,
+    /// The longest context this load serves (the engine's `max_model_len`; `max_position_embeddings`
+    /// until the engine sets it). LongRoPE picks its factors by it once, as llama.cpp does by its
+    /// context size, so a position's rotation never changes while its keys sit in the KV cache.
+    pub serving_context: usize,
 }
 
 #[derive(Deserialize)]
@@ -245,6 +272,8 @@ impl ModelConfig {
         }
         let rope_scaling = match &raw.rope_scaling {
             None | Some(Value::Null) => None,
+            // LongRoPE: read by `family::phi3`.
+            Some(_) if architecture == Architecture::Phi3 => None,
             Some(v) => rope_scaling(path, v)?,
         };
         let attention_bias = raw.attention_bias.unwrap_or(false);
@@ -280,6 +309,9 @@ impl ModelConfig {
             local_layers: vec![false; raw.num_hidden_layers],
             rope_local_theta: None,
             moe: None,
+            rotary_dim: head_dim,
+            long_rope: None,
+            serving_context: raw.max_position_embeddings,
         };
         let value: Value = parse_json(path, text)?;
         super::family::apply_hf(&value, &mut config, &err)?;
@@ -302,6 +334,11 @@ impl ModelConfig {
         self.local_layers.get(l).copied().unwrap_or(false)
     }
 
+    /// The factor on RoPE's cosines and sines (LongRoPE's attention factor; 1 otherwise).
+    pub fn rope_scale(&self) -> f32 {
+        self.long_rope.as_ref().map_or(1.0, |l| l.attention_factor)
+    }
+
     /// Per-pair RoPE inverse frequencies of the local layers: [`Self::inv_freq`] unless the family
     /// gives local layers their own (unscaled) base.
     pub fn inv_freq_local(&self) -> Vec<f32> {
@@ -316,14 +353,27 @@ impl ModelConfig {
         }
     }
 
-    /// Per-pair RoPE inverse frequencies (`head_dim / 2`), with scaling applied — the same f32
+    /// Per-pair RoPE inverse frequencies (`rotary_dim / 2`), with scaling applied — the same f32
     /// arithmetic as `transformers` and `candle-transformers`.
     pub fn inv_freq(&self) -> Vec<f32> {
-        let d = self.head_dim;
+        let d = self.rotary_dim;
         let base: Vec<f32> = (0..d)
             .step_by(2)
             .map(|i| 1.0 / self.rope_theta.powf(i as f32 / d as f32))
             .collect();
+        if let Some(lr) = &self.long_rope {
+            let factors = if self.serving_context > lr.original_max_position_embeddings {
+                &lr.long_factor
+            } else {
+                &lr.short_factor
+            };
+            // `1 / (factor · base^(2i/d))`, as `transformers`' longrope computes it.
+            return (0..d)
+                .step_by(2)
+                .zip(factors)
+                .map(|(i, f)| 1.0 / (f * self.rope_theta.powf(i as f32 / d as f32)))
+                .collect();
+        }
         match self.rope_scaling {
             None => base,
             Some(RopeScaling::Linear { factor }) => base.into_iter().map(|f| f / factor).collect(),
@@ -356,13 +406,14 @@ impl ModelConfig {
 }
 
 /// The architectures `config.json` may name, as it names them.
-pub const SUPPORTED: [&str; 6] = [
+pub const SUPPORTED: [&str; 7] = [
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
 ];
 
 fn architecture(path: &Path, raw: &Raw) -> Result<Architecture> {
@@ -373,6 +424,7 @@ fn architecture(path: &Path, raw: &Raw) -> Result<Architecture> {
         "Qwen3ForCausalLM" | "qwen3" => Some(Architecture::Qwen3),
         "Qwen3MoeForCausalLM" | "qwen3_moe" => Some(Architecture::Qwen3Moe),
         "Gemma3ForCausalLM" | "gemma3_text" => Some(Architecture::Gemma3),
+        "Phi3ForCausalLM" | "phi3" => Some(Architecture::Phi3),
         _ => None,
     };
     let (field, name) = match (&raw.architectures, &raw.model_type) {
@@ -538,9 +590,9 @@ mod tests {
             "not a positive integer",
         );
         check_err(
-            &SMOLLM.replace("LlamaForCausalLM", "Phi3ForCausalLM"),
+            &SMOLLM.replace("LlamaForCausalLM", "PhiMoEForCausalLM"),
             "architectures",
-            "Gemma3ForCausalLM",
+            "Phi3ForCausalLM",
         );
         check_err(
             &SMOLLM.replace(
@@ -609,6 +661,89 @@ mod tests {
             &QWEN3.replace(r#""use_sliding_window":false"#, r#""use_sliding_window":true"#),
             "use_sliding_window",
             "not supported",
+        );
+    }
+
+    /// Phi-4-mini-instruct's config.json (abridged; the 48 LongRoPE factors generated).
+    fn phi4_mini(scaling_extra: &str) -> String {
+        let list =
+            |f: f64| serde_json::to_string(&(0..48).map(|i| f + i as f64 / 8.0).collect::<Vec<_>>()).unwrap();
+        format!(
+            r#"{{"architectures":["Phi3ForCausalLM"],"hidden_act":"silu","hidden_size":3072,
+            "intermediate_size":8192,"max_position_embeddings":131072,"model_type":"phi3",
+            "num_attention_heads":24,"num_hidden_layers":32,"num_key_value_heads":8,
+            "original_max_position_embeddings":4096,"partial_rotary_factor":0.75,"rms_norm_eps":1e-05,
+            "rope_scaling":{{"long_factor":{},"short_factor":{},"type":"longrope"{scaling_extra}}},
+            "rope_theta":10000.0,"sliding_window":262144,"tie_word_embeddings":true,"vocab_size":200064,
+            "bos_token_id":199999,"eos_token_id":199999}}"#,
+            list(1.0),
+            list(2.0),
+        )
+    }
+
+    #[test]
+    fn phi4_mini_rotates_three_quarters_of_each_head_with_longrope() {
+        let mut c = parse(&phi4_mini("")).unwrap();
+        assert_eq!(
+            (c.architecture, c.head_dim, c.rotary_dim),
+            (Architecture::Phi3, 128, 96)
+        );
+        assert!(!c.qkv_bias && !c.qk_norm && c.rope_scaling.is_none());
+        // A window past the context is no window.
+        assert_eq!(c.sliding_window, None);
+        // √(1 + ln 32 / ln 4096), as transformers computes it.
+        let want = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt() as f32;
+        assert!((c.rope_scale() - want).abs() < 1e-6, "{}", c.rope_scale());
+        // Served at the full 128k: the long factors (1 + i/8); within 4096: the short ones (2 + i/8).
+        let base = |i: usize| 10_000f32.powf((2 * i) as f32 / 96.0);
+        let long = c.inv_freq();
+        assert_eq!(long.len(), 48);
+        assert!((long[5] - 1.0 / ((1.0 + 5.0 / 8.0) * base(5))).abs() < 1e-9);
+        c.serving_context = 4096;
+        let short = c.inv_freq();
+        assert!((short[5] - 1.0 / ((2.0 + 5.0 / 8.0) * base(5))).abs() < 1e-9);
+        // An explicit attention factor wins.
+        let c = parse(&phi4_mini(r#","attention_factor":1.5"#)).unwrap();
+        assert_eq!(c.rope_scale(), 1.5);
+        // Phi-3-mini-4k: no scaling, full rotary, a 2047-token window on every layer.
+        let mini4k = phi4_mini("")
+            .replace(r#""partial_rotary_factor":0.75,"#, "")
+            .replace(r#""sliding_window":262144"#, r#""sliding_window":2047"#);
+        let mini4k = {
+            let mut v: Value = serde_json::from_str(&mini4k).unwrap();
+            v["rope_scaling"] = Value::Null;
+            v.to_string()
+        };
+        let c = parse(&mini4k).unwrap();
+        assert_eq!(
+            (c.rotary_dim, c.sliding_window, c.rope_scale()),
+            (128, Some(2047), 1.0)
+        );
+        assert!(c.local_layers.iter().all(|&l| l));
+    }
+
+    #[test]
+    fn phi3_errors_name_the_field() {
+        check_err(
+            &phi4_mini("").replace("0.75", "0.7"),
+            "partial_rotary_factor",
+            "even",
+        );
+        check_err(
+            &phi4_mini("").replace(r#""type":"longrope""#, r#""type":"yarn""#),
+            "rope_scaling.type",
+            "longrope",
+        );
+        let short = {
+            let mut v: Value = serde_json::from_str(&phi4_mini("")).unwrap();
+            v["rope_scaling"]["short_factor"] = serde_json::json!([1.0, 2.0]);
+            v.to_string()
+        };
+        check_err(&short, "rope_scaling.short_factor", "expected 48");
+        check_err(
+            &phi4_mini("").replace(r#""original_max_position_embeddings":4096,"#, ""),
+            "original_max_position_embeddings",
+            "missing",
         );
     }
 

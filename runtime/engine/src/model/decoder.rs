@@ -232,12 +232,23 @@ impl<K: Kernels> Decoder<K> {
             } else {
                 "post_attention_layernorm"
             };
+            let [q, k, v] = split_or_get(
+                kernels,
+                weights,
+                &format!("{a}.qkv_proj.weight"),
+                [
+                    (format!("{a}.q_proj.weight"), q_out),
+                    (format!("{a}.k_proj.weight"), kv_out),
+                    (format!("{a}.v_proj.weight"), kv_out),
+                ],
+                h,
+            )?;
             layers.push(Layer {
                 attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
                 attn: Attention {
-                    q: get(&format!("{a}.q_proj.weight"), &[q_out, h])?,
-                    k: get(&format!("{a}.k_proj.weight"), &[kv_out, h])?,
-                    v: get(&format!("{a}.v_proj.weight"), &[kv_out, h])?,
+                    q,
+                    k,
+                    v,
                     q_bias: opt(c.qkv_bias, &format!("{a}.q_proj.bias"), &[q_out])?,
                     k_bias: opt(c.qkv_bias, &format!("{a}.k_proj.bias"), &[kv_out])?,
                     v_bias: opt(c.qkv_bias, &format!("{a}.v_proj.bias"), &[kv_out])?,
@@ -251,11 +262,23 @@ impl<K: Kernels> Decoder<K> {
                 ffn_norm: norm(&format!("{p}.{ffn_norm}.weight"), h)?,
                 ffn: match &c.moe {
                     Some(m) if m.is_moe(i) => Ffn::Moe(load_moe(kernels, weights, c, i)?),
-                    _ => Ffn::Dense {
-                        gate: get(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
-                        up: get(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
-                        down: get(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
-                    },
+                    _ => {
+                        let [gate, up] = split_or_get(
+                            kernels,
+                            weights,
+                            &format!("{p}.mlp.gate_up_proj.weight"),
+                            [
+                                (format!("{p}.mlp.gate_proj.weight"), inter),
+                                (format!("{p}.mlp.up_proj.weight"), inter),
+                            ],
+                            h,
+                        )?;
+                        Ffn::Dense {
+                            gate,
+                            up,
+                            down: get(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+                        }
+                    }
                 },
                 post_ffn_norm: opt_norm(sandwich, &format!("{p}.post_feedforward_layernorm.weight"), h)?,
             });
@@ -268,7 +291,7 @@ impl<K: Kernels> Decoder<K> {
         let mut inv_freq = config.inv_freq();
         // GGUF files of Llama 3.1+ carry llama3 RoPE scaling as per-pair frequency divisors.
         if weights.contains(ROPE_FREQS) {
-            let f = weights.get(ROPE_FREQS, &[hd / 2])?;
+            let f = weights.get(ROPE_FREQS, &[c.rotary_dim / 2])?;
             inv_freq
                 .iter_mut()
                 .enumerate()
@@ -497,6 +520,7 @@ impl<K: Kernels> Decoder<K> {
                 &self.inv_freq
             },
             interleaved: c.rope_interleaved,
+            scale: c.rope_scale(),
         };
         let positions = &st.plan.positions;
         k.rope(q, c.num_heads, hd, positions, rope);
@@ -597,6 +621,30 @@ impl<K: Kernels> Decoder<K> {
 
 /// Layer `l`'s router and experts (safetensors: one tensor per expert; GGUF: one stacked tensor per
 /// projection).
+/// The projections `parts` (name, rows; `cols` columns each): row blocks of the fused tensor `fused`
+/// when the model stores them fused (Phi-3's `qkv_proj`, `gate_up_proj`), else each by its own name.
+fn split_or_get<K: Kernels, const N: usize>(
+    k: &K,
+    weights: &Weights,
+    fused: &str,
+    parts: [(String, usize); N],
+    cols: usize,
+) -> Result<[K::Weight; N]> {
+    let host = if weights.contains(fused) {
+        let rows: Vec<usize> = parts.iter().map(|p| p.1).collect();
+        weights.get_row_split(fused, &rows, cols)?
+    } else {
+        parts
+            .iter()
+            .map(|(name, rows)| weights.get(name, &[*rows, cols]))
+            .collect::<Result<Vec<_>>>()?
+    };
+    let uploaded: Vec<K::Weight> = host.iter().map(|w| k.upload(w)).collect();
+    Ok(uploaded
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one weight per part")))
+}
+
 fn load_moe<K: Kernels>(k: &K, weights: &Weights, c: &ModelConfig, l: usize) -> Result<MoeFfn<K>> {
     let m = c.moe.as_ref().expect("a MoE layer has a MoE config");
     let (h, ff, n) = (c.hidden_size, m.expert_ff, m.num_experts);

@@ -286,6 +286,38 @@ impl Weights {
     }
 }
 
+impl Weights {
+    /// The `[parts[i], cols]` row blocks of the `[Σ parts, cols]` tensor `name`, in order, each a view
+    /// of its own bytes: the fused projections of Phi-3 (`qkv_proj` → q, k, v; `gate_up_proj` → gate,
+    /// up). Quantized rows are whole blocks, so any row range is a valid tensor.
+    pub fn get_row_split(&self, name: &str, parts: &[usize], cols: usize) -> Result<Vec<HostWeight>> {
+        let rows: usize = parts.iter().sum();
+        let fused = self.get(name, &[rows, cols])?;
+        let entry = &self.tensors[name];
+        let file = &self.files[entry.file];
+        let err = |message: String| EngineError::Weights {
+            path: file.path.clone(),
+            tensor: name.into(),
+            message,
+        };
+        let dtype = fused.dtype();
+        let row_bytes = dtype
+            .row_bytes(cols)
+            .ok_or_else(|| err(format!("{cols} columns are not whole {dtype} blocks")))?;
+        let mut start = entry.start;
+        parts
+            .iter()
+            .map(|&n| {
+                let source: Arc<dyn ByteSource> = file.map.clone();
+                let end = start + n * row_bytes;
+                let w = HostWeight::new(source, start, end, dtype, n, cols).map_err(|x| err(x.to_string()));
+                start = end;
+                w
+            })
+            .collect()
+    }
+}
+
 impl Entry {
     /// A tensor at `start..end` of the (single) file.
     pub(crate) fn new(

@@ -80,7 +80,10 @@ pub fn engine_logits(md: &ModelDir, tokens: &[u32]) -> Vec<Vec<f32>> {
     // The exact f32 products: the bf16 dot products' cost is measured by bench/accuracy.sh and
     // bounded in forward.rs.
     let kernels = CpuKernels::new(0).with_bf16_dot(Bf16Dot::Off);
-    let model = Decoder::load(&kernels, md.config.clone(), &md.weights).unwrap();
+    // The context this run serves, as llama.cpp's n_ctx (LongRoPE picks its factors by it).
+    let mut config = md.config.clone();
+    config.serving_context = tokens.len();
+    let model = Decoder::load(&kernels, config, &md.weights).unwrap();
     let blocks = tokens.len().div_ceil(16) + 1;
     let mut kv = KvCacheManager::new(FreeListPool::new(blocks), 16);
     let mut cache = model.new_kv_cache(&kernels, blocks, 16);

@@ -10,6 +10,7 @@
 
 mod gemma3;
 mod llama;
+mod phi3;
 mod qwen3;
 mod qwen3moe;
 
@@ -28,6 +29,7 @@ pub(crate) fn apply_hf(v: &Value, c: &mut ModelConfig, err: ErrFn<'_>) -> Result
         Architecture::Qwen3 => qwen3::apply_hf(v, c, err),
         Architecture::Qwen3Moe => qwen3moe::apply_hf(v, c, err),
         Architecture::Gemma3 => gemma3::apply_hf(v, c, err),
+        Architecture::Phi3 => phi3::apply_hf(v, c, err),
     }
 }
 
@@ -51,12 +53,16 @@ pub(crate) fn gguf_family(
             gemma3::gguf_keys(g, hf)?;
             ("Gemma3ForCausalLM", false)
         }
+        "phi3" => {
+            phi3::gguf_keys(g, hf)?;
+            ("Phi3ForCausalLM", false)
+        }
         _ => return Ok(None),
     }))
 }
 
 /// The GGUF architectures the engine reads.
-pub(crate) const GGUF_SUPPORTED: [&str; 5] = ["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"];
+pub(crate) const GGUF_SUPPORTED: [&str; 6] = ["llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3"];
 
 /// The Hugging Face name of a per-layer GGUF tensor `part` (`attn_q.weight`, …) in architecture `arch`.
 pub(crate) fn gguf_layer_tensor(arch: &str, part: &str) -> Option<&'static str> {
@@ -67,6 +73,11 @@ pub(crate) fn gguf_layer_tensor(arch: &str, part: &str) -> Option<&'static str> 
     }
     if arch == "qwen3moe"
         && let Some(name) = qwen3moe::gguf_tensor(part)
+    {
+        return Some(name);
+    }
+    if arch == "phi3"
+        && let Some(name) = phi3::gguf_tensor(part)
     {
         return Some(name);
     }
