@@ -21,35 +21,31 @@
 use super::batch::{Logits, LogitsRows, SeqInput};
 use super::config::{Activation, ModelConfig};
 use super::lora::{LoraPlan, LoraWeights};
-use super::moe::{Expert, MoeBufs, MoeFfn};
+use super::moe::{MoeBufs, MoeFfn};
 use super::scratch::{Scratch, Slot};
-use super::weights::Weights;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::lora::Target;
-use modelfleet_kernels::{AttnHeads, AttnSeq, HostWeight, Kernels, KvDType, KvLayout, Rope};
+use modelfleet_kernels::{AttnHeads, AttnSeq, Kernels, KvDType, KvLayout, Rope};
 use std::sync::Mutex;
 
-/// Per-pair RoPE frequency divisors (GGUF, llama3 scaling).
-const ROPE_FREQS: &str = "rope_freqs.weight";
-
-struct Attention<K: Kernels> {
-    q: K::Weight,
-    k: K::Weight,
-    v: K::Weight,
-    q_bias: Option<K::Weight>,
-    k_bias: Option<K::Weight>,
-    v_bias: Option<K::Weight>,
-    o: K::Weight,
-    o_bias: Option<K::Weight>,
+pub(super) struct Attention<K: Kernels> {
+    pub(super) q: K::Weight,
+    pub(super) k: K::Weight,
+    pub(super) v: K::Weight,
+    pub(super) q_bias: Option<K::Weight>,
+    pub(super) k_bias: Option<K::Weight>,
+    pub(super) v_bias: Option<K::Weight>,
+    pub(super) o: K::Weight,
+    pub(super) o_bias: Option<K::Weight>,
     /// Per-head RMSNorm weights (`[head_dim]`).
-    q_norm: Option<K::Weight>,
-    k_norm: Option<K::Weight>,
+    pub(super) q_norm: Option<K::Weight>,
+    pub(super) k_norm: Option<K::Weight>,
     /// A local layer: sliding window and the local RoPE.
-    local: bool,
+    pub(super) local: bool,
 }
 
-enum Ffn<K: Kernels> {
+pub(super) enum Ffn<K: Kernels> {
     /// A gated FFN (SwiGLU or GeGLU).
     Dense {
         gate: K::Weight,
@@ -60,29 +56,29 @@ enum Ffn<K: Kernels> {
     Moe(MoeFfn<K>),
 }
 
-struct Layer<K: Kernels> {
-    attn_norm: K::Weight,
-    attn: Attention<K>,
+pub(super) struct Layer<K: Kernels> {
+    pub(super) attn_norm: K::Weight,
+    pub(super) attn: Attention<K>,
     /// Sandwich norm of the attention output.
-    post_attn_norm: Option<K::Weight>,
-    ffn_norm: K::Weight,
-    ffn: Ffn<K>,
+    pub(super) post_attn_norm: Option<K::Weight>,
+    pub(super) ffn_norm: K::Weight,
+    pub(super) ffn: Ffn<K>,
     /// Sandwich norm of the FFN output.
-    post_ffn_norm: Option<K::Weight>,
+    pub(super) post_ffn_norm: Option<K::Weight>,
 }
 
 /// A loaded model, generic over the kernels backend.
 pub struct Decoder<K: Kernels> {
-    config: ModelConfig,
-    embed: K::Weight,
-    layers: Vec<Layer<K>>,
-    norm: K::Weight,
+    pub(super) config: ModelConfig,
+    pub(super) embed: K::Weight,
+    pub(super) layers: Vec<Layer<K>>,
+    pub(super) norm: K::Weight,
     /// `None` when tied to `embed`.
-    lm_head: Option<K::Weight>,
-    inv_freq: Vec<f32>,
-    inv_freq_local: Vec<f32>,
+    pub(super) lm_head: Option<K::Weight>,
+    pub(super) inv_freq: Vec<f32>,
+    pub(super) inv_freq_local: Vec<f32>,
     /// Activation buffers reused from step to step.
-    scratch: Mutex<Scratch<K>>,
+    pub(super) scratch: Mutex<Scratch<K>>,
 }
 
 /// The step's activation buffers (see `scratch::Slot`).
@@ -192,127 +188,6 @@ impl<K: Kernels> Step<'_, '_, K> {
 }
 
 impl<K: Kernels> Decoder<K> {
-    /// Loads every weight `config` calls for from `weights`, checking shapes.
-    pub fn load(kernels: &K, config: ModelConfig, weights: &Weights) -> Result<Self> {
-        let c = &config;
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let (q_out, kv_out) = (c.num_heads * hd, c.num_kv_heads * hd);
-        let get = |name: &str, shape: &[usize]| -> Result<K::Weight> {
-            Ok(kernels.upload(&weights.get(name, shape)?))
-        };
-        let opt = |on: bool, name: &str, shape: &[usize]| -> Result<Option<K::Weight>> {
-            if on { get(name, shape).map(Some) } else { Ok(None) }
-        };
-        // RMSNorm weights, with Gemma's `1 + w` applied once here when stored as offsets.
-        let norm = |name: &str, n: usize| -> Result<K::Weight> {
-            let w = weights.get(name, &[n])?;
-            if !c.norm_weight_offset {
-                return Ok(kernels.upload(&w));
-            }
-            let mut v = vec![0.0f32; n];
-            w.data().copy_to_f32(0, &mut v);
-            v.iter_mut().for_each(|x| *x += 1.0);
-            let w = HostWeight::from_f32(&v, 1, n).map_err(|e| EngineError::Weights {
-                path: name.into(),
-                tensor: name.into(),
-                message: e.to_string(),
-            })?;
-            Ok(kernels.upload(&w))
-        };
-        let opt_norm = |on: bool, name: &str, n: usize| -> Result<Option<K::Weight>> {
-            if on { norm(name, n).map(Some) } else { Ok(None) }
-        };
-        let (sandwich, inter) = (c.sandwich_norms, c.intermediate_size);
-        let mut layers = Vec::with_capacity(c.num_layers);
-        for i in 0..c.num_layers {
-            let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let ffn_norm = if sandwich {
-                "pre_feedforward_layernorm"
-            } else {
-                "post_attention_layernorm"
-            };
-            let [q, k, v] = split_or_get(
-                kernels,
-                weights,
-                &format!("{a}.qkv_proj.weight"),
-                [
-                    (format!("{a}.q_proj.weight"), q_out),
-                    (format!("{a}.k_proj.weight"), kv_out),
-                    (format!("{a}.v_proj.weight"), kv_out),
-                ],
-                h,
-            )?;
-            layers.push(Layer {
-                attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-                attn: Attention {
-                    q,
-                    k,
-                    v,
-                    q_bias: opt(c.qkv_bias, &format!("{a}.q_proj.bias"), &[q_out])?,
-                    k_bias: opt(c.qkv_bias, &format!("{a}.k_proj.bias"), &[kv_out])?,
-                    v_bias: opt(c.qkv_bias, &format!("{a}.v_proj.bias"), &[kv_out])?,
-                    o: get(&format!("{a}.o_proj.weight"), &[h, q_out])?,
-                    o_bias: opt(c.o_bias, &format!("{a}.o_proj.bias"), &[h])?,
-                    q_norm: opt_norm(c.qk_norm, &format!("{a}.q_norm.weight"), hd)?,
-                    k_norm: opt_norm(c.qk_norm, &format!("{a}.k_norm.weight"), hd)?,
-                    local: c.is_local(i),
-                },
-                post_attn_norm: opt_norm(sandwich, &format!("{p}.post_attention_layernorm.weight"), h)?,
-                ffn_norm: norm(&format!("{p}.{ffn_norm}.weight"), h)?,
-                ffn: match &c.moe {
-                    Some(m) if m.is_moe(i) => Ffn::Moe(load_moe(kernels, weights, c, i)?),
-                    _ => {
-                        let [gate, up] = split_or_get(
-                            kernels,
-                            weights,
-                            &format!("{p}.mlp.gate_up_proj.weight"),
-                            [
-                                (format!("{p}.mlp.gate_proj.weight"), inter),
-                                (format!("{p}.mlp.up_proj.weight"), inter),
-                            ],
-                            h,
-                        )?;
-                        Ffn::Dense {
-                            gate,
-                            up,
-                            down: get(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
-                        }
-                    }
-                },
-                post_ffn_norm: opt_norm(sandwich, &format!("{p}.post_feedforward_layernorm.weight"), h)?,
-            });
-        }
-        let lm_head = if c.tie_word_embeddings {
-            None
-        } else {
-            Some(get("lm_head.weight", &[c.vocab_size, h])?)
-        };
-        let mut inv_freq = config.inv_freq();
-        // GGUF files of Llama 3.1+ carry llama3 RoPE scaling as per-pair frequency divisors.
-        if weights.contains(ROPE_FREQS) {
-            let f = weights.get(ROPE_FREQS, &[c.rotary_dim / 2])?;
-            inv_freq
-                .iter_mut()
-                .enumerate()
-                .for_each(|(i, v)| *v /= f.data().get(i));
-        }
-        let inv_freq_local = match config.rope_local_theta {
-            Some(_) => config.inv_freq_local(),
-            None => inv_freq.clone(),
-        };
-        Ok(Self {
-            embed: get("model.embed_tokens.weight", &[c.vocab_size, h])?,
-            norm: norm("model.norm.weight", h)?,
-            lm_head,
-            layers,
-            inv_freq,
-            inv_freq_local,
-            config,
-            scratch: Mutex::new(Scratch::default()),
-        })
-    }
-
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
@@ -621,59 +496,6 @@ impl<K: Kernels> Decoder<K> {
 
 /// Layer `l`'s router and experts (safetensors: one tensor per expert; GGUF: one stacked tensor per
 /// projection).
-/// The projections `parts` (name, rows; `cols` columns each): row blocks of the fused tensor `fused`
-/// when the model stores them fused (Phi-3's `qkv_proj`, `gate_up_proj`), else each by its own name.
-fn split_or_get<K: Kernels, const N: usize>(
-    k: &K,
-    weights: &Weights,
-    fused: &str,
-    parts: [(String, usize); N],
-    cols: usize,
-) -> Result<[K::Weight; N]> {
-    let host = if weights.contains(fused) {
-        let rows: Vec<usize> = parts.iter().map(|p| p.1).collect();
-        weights.get_row_split(fused, &rows, cols)?
-    } else {
-        parts
-            .iter()
-            .map(|(name, rows)| weights.get(name, &[*rows, cols]))
-            .collect::<Result<Vec<_>>>()?
-    };
-    let uploaded: Vec<K::Weight> = host.iter().map(|w| k.upload(w)).collect();
-    Ok(uploaded
-        .try_into()
-        .unwrap_or_else(|_| unreachable!("one weight per part")))
-}
-
-fn load_moe<K: Kernels>(k: &K, weights: &Weights, c: &ModelConfig, l: usize) -> Result<MoeFfn<K>> {
-    let m = c.moe.as_ref().expect("a MoE layer has a MoE config");
-    let (h, ff, n) = (c.hidden_size, m.expert_ff, m.num_experts);
-    let p = format!("model.layers.{l}.mlp");
-    let proj = |name: &str, rows: usize, cols: usize| {
-        let per = |e: usize| format!("{p}.experts.{e}.{name}.weight");
-        weights.get_experts(&format!("{p}.experts.{name}.weight"), per, n, rows, cols)
-    };
-    let (gates, ups, downs) = (
-        proj("gate_proj", ff, h)?,
-        proj("up_proj", ff, h)?,
-        proj("down_proj", h, ff)?,
-    );
-    let experts = gates
-        .iter()
-        .zip(&ups)
-        .zip(&downs)
-        .map(|((g, u), d)| Expert {
-            gate: k.upload(g),
-            up: k.upload(u),
-            down: k.upload(d),
-        })
-        .collect();
-    Ok(MoeFfn {
-        router: k.upload(&weights.get(&format!("{p}.gate.weight"), &[n, h])?),
-        experts,
-    })
-}
-
 /// The flattened batch.
 #[derive(Default)]
 struct Plan {

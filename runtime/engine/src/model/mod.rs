@@ -7,6 +7,7 @@ mod decoder;
 mod family;
 pub mod gguf;
 pub(crate) mod gguf_model;
+mod load;
 pub mod lora;
 mod moe;
 mod scratch;
@@ -14,7 +15,7 @@ mod weights;
 
 pub use batch::{Logits, LogitsRows, SeqInput};
 pub(crate) use config::token_ids;
-pub use config::{Activation, Architecture, ModelConfig, Moe, RopeScaling};
+pub use config::{Activation, Architecture, LongRope, ModelConfig, Moe, RopeScaling};
 pub use decoder::Decoder;
 pub use scratch::workspace_bytes;
 pub use weights::Weights;
