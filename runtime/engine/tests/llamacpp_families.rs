@@ -147,47 +147,42 @@ fn phi3_matches_llama_cpp_in_f16_q8_0_and_q4_k() {
 /// those read from the GGUF file's `rope_factors_*` tensors.
 #[test]
 fn phi3_safetensors_and_gguf_agree() {
-    let st = common::generated(Shape::TinyPhi3, 7, GenDType::F32, GenFormat::Safetensors);
-    let gg = common::generated(Shape::TinyPhi3, 7, GenDType::F32, GenFormat::Gguf);
-    let (st, gg) = (
-        ModelDir::open(st.path()).unwrap(),
-        ModelDir::open(gg.path()).unwrap(),
-    );
+    let (st, gg) = both_layouts(Shape::TinyPhi3);
     assert_eq!(st.config.long_rope, gg.config.long_rope);
     assert_eq!((st.config.rotary_dim, gg.config.rotary_dim), (48, 48));
-    let c = case("phi3-f16");
-    let tokens: Vec<u32> = c.prompt.iter().chain(&c.continuation).copied().collect();
-    let (a, b) = (engine_logits(&st, &tokens), engine_logits(&gg, &tokens));
-    let max = a
-        .iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
-    eprintln!("phi3 safetensors vs GGUF f32: max |Δlogit| {max:.2e}");
-    assert!(max < 1e-4, "{max}");
+    same_logits(&st, &gg, "phi3");
 }
 
 /// The same Qwen3-MoE in safetensors (one tensor per expert, `mlp.experts.E.*_proj`) gives the GGUF
 /// file's logits (both f32, the same values): the two layouts load the same experts.
 #[test]
 fn qwen3moe_safetensors_and_gguf_load_the_same_experts() {
-    let st = common::generated(Shape::TinyQwen3Moe, 7, GenDType::F32, GenFormat::Safetensors);
-    let gg = common::generated(Shape::TinyQwen3Moe, 7, GenDType::F32, GenFormat::Gguf);
-    let (st, gg) = (
+    let (st, gg) = both_layouts(Shape::TinyQwen3Moe);
+    same_logits(&st, &gg, "qwen3moe");
+}
+
+/// The generated `shape` (seed 7, f32) opened from safetensors and from GGUF.
+fn both_layouts(shape: Shape) -> (ModelDir, ModelDir) {
+    let st = common::generated(shape, 7, GenDType::F32, GenFormat::Safetensors);
+    let gg = common::generated(shape, 7, GenDType::F32, GenFormat::Gguf);
+    (
         ModelDir::open(st.path()).unwrap(),
         ModelDir::open(gg.path()).unwrap(),
-    );
-    let c = case("qwen3moe-f16");
+    )
+}
+
+/// Both give the same logits (within 1e-4) on the `{prefix}-f16` case's prompt and continuation.
+fn same_logits(st: &ModelDir, gg: &ModelDir, prefix: &str) {
+    let c = case(&format!("{prefix}-f16"));
     let tokens: Vec<u32> = c.prompt.iter().chain(&c.continuation).copied().collect();
-    let (a, b) = (engine_logits(&st, &tokens), engine_logits(&gg, &tokens));
+    let (a, b) = (engine_logits(st, &tokens), engine_logits(gg, &tokens));
     let max = a
         .iter()
         .flatten()
         .zip(b.iter().flatten())
         .map(|(x, y)| (x - y).abs())
         .fold(0.0f32, f32::max);
-    eprintln!("qwen3moe safetensors vs GGUF f32: max |Δlogit| {max:.2e}");
+    eprintln!("{prefix} safetensors vs GGUF f32: max |Δlogit| {max:.2e}");
     assert!(max < 1e-4, "{max}");
 }
 
