@@ -98,6 +98,30 @@ pub trait Kernels: Send + Sync {
         caches: (&Self::Buf, &Self::Buf),
         out: &mut Self::Buf,
     );
+    /// Row-wise LayerNorm of `x` (`rows × weight.len`): `(x − mean) / sqrt(var + eps) · weight + bias`.
+    fn layer_norm(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        weight: &Self::Weight,
+        bias: &Self::Weight,
+        eps: f32,
+        out: &mut Self::Buf,
+    );
+    /// `x[..len] = gelu(x)`, the exact (erf) GELU of BERT-family encoders.
+    fn gelu(&self, x: &mut Self::Buf, len: usize);
+    /// Bidirectional attention of an encoder: each row of a sequence `(first row, rows)` of `seqs`
+    /// attends to every row of that sequence (no mask, no cache). `q`/`out` are `rows × num_heads ×
+    /// head_dim`, `k`/`v` `rows × num_kv_heads × head_dim`; `heads.window` is not used.
+    fn encoder_attention(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        seqs: &[(usize, usize)],
+        heads: AttnHeads,
+        out: &mut Self::Buf,
+    );
     /// `out[i] = x[rows[i]]` for rows of `width` elements.
     fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf);
     /// `x[..len] = 0`.

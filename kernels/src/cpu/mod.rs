@@ -8,6 +8,7 @@
 mod attention;
 mod bfpanels;
 mod elementwise;
+mod encoder;
 mod matmul;
 mod packed;
 #[cfg(target_arch = "x86_64")]
@@ -243,6 +244,34 @@ impl Kernels for CpuKernels {
         out: &mut Vec<f32>,
     ) {
         attention::paged_attention(self.isa, q, seqs, heads, layout, (caches.0, caches.1), out);
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        weight: &CpuWeight,
+        bias: &CpuWeight,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) {
+        encoder::layer_norm(x, weight.vector().data(), bias.vector().data(), eps, out, rows);
+    }
+
+    fn gelu(&self, x: &mut Vec<f32>, len: usize) {
+        encoder::gelu_erf(&mut x[..len]);
+    }
+
+    fn encoder_attention(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        seqs: &[(usize, usize)],
+        heads: AttnHeads,
+        out: &mut Vec<f32>,
+    ) {
+        encoder::bidirectional_attention(self.isa, q, k, v, seqs, heads, out);
     }
 
     fn gather_rows(&self, x: &Vec<f32>, width: usize, rows: &[usize], out: &mut Vec<f32>) {
