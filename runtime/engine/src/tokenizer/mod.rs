@@ -20,6 +20,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// A loaded `tokenizer.json`.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
@@ -44,7 +45,12 @@ impl Tokenizer {
     }
 
     /// Wraps a built tokenizer; `path` names it in errors.
-    pub(crate) fn new(inner: tokenizers::Tokenizer, path: PathBuf) -> Self {
+    pub(crate) fn new(mut inner: tokenizers::Tokenizer, path: PathBuf) -> Self {
+        // A `tokenizer.json` may carry the padding and truncation it was last used with (BERT
+        // checkpoints often pad and cut to 128): the engine pads nothing, and an input too long is
+        // refused by whoever knows the limit, never cut silently.
+        inner.with_padding(None);
+        let _ = inner.with_truncation(None);
         let max_token_bytes = inner
             .get_vocab(true)
             .keys()
