@@ -5,6 +5,7 @@
 //! - [`wire`]: OpenAI request bodies, parsed strictly (unknown and unsupported fields refused by name).
 //! - [`structured`]: structured output (`response_format`, vLLM's `structured_outputs`/`guided_*`) and
 //!   tools (`tools`, `tool_choice`), checked for shape and size; one constraint per request.
+//! - [`embeddings`]: `POST /v1/embeddings`' request and response (float or base64).
 //! - [`response`]: the response bodies (also the OpenAPI schemas).
 //! - [`error`]: the one mapping from failures to OpenAI's error shape and HTTP status codes (with the
 //!   `axum` feature, `IntoResponse` for it).
@@ -19,6 +20,7 @@
 //! Invariants: no engine, no HTTP server state; nothing here logs or echoes an API key.
 
 pub mod adapters;
+pub mod embeddings;
 pub mod error;
 pub mod exposition;
 pub mod limits;

@@ -15,6 +15,15 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 /// `--max-lora-rank` default.
 pub const DEFAULT_MAX_LORA_RANK: usize = 16;
 
+/// `--task`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Task {
+    /// Chat and completions.
+    Generate,
+    /// Embeddings.
+    Embed,
+}
+
 /// `--kv-cache-dtype` (vLLM's flag; `auto` is the engine's compute type, f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvCacheDType {
@@ -84,6 +93,10 @@ pub struct ServeArgs {
     /// are done — so a pod is Ready sooner. Without it the digest is checked before a byte is parsed.
     #[arg(long, env = "MODELFLEET_VERIFY_BESIDE_LOAD")]
     pub verify_beside_load: bool,
+    /// What the model must do: `generate` (chat, completions) or `embed` (`/v1/embeddings`). Unset, the
+    /// model's files decide (an encoder embeds); set, a model that does the other fails the start.
+    #[arg(long, env = "MODELFLEET_TASK", value_enum)]
+    pub task: Option<Task>,
     /// The name clients put in `model` (default: the model path's last component).
     #[arg(long, env = "MODELFLEET_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,

@@ -115,6 +115,8 @@ pub struct RuntimeConfig {
     pub fault_delay: Duration,
     /// `--termination-log`.
     pub termination_log: Option<PathBuf>,
+    /// `--task`: what the model must do (unset: what its files say).
+    pub task: Option<super::args::Task>,
 }
 
 impl ServeArgs {
@@ -195,6 +197,7 @@ impl ServeArgs {
             fault_error_percent: self.fault_error_percent,
             fault_delay: Duration::from_millis(self.fault_delay_ms),
             termination_log: self.termination_log.clone(),
+            task: self.task,
         })
     }
 

@@ -7,12 +7,14 @@
 //! handlers' state, listen on the API and admin ports (`runtime/api`'s listener pair), and drain on
 //! SIGTERM (or SIGINT): `/ready` turns 503 and new requests get 503 at once; in-flight requests get
 //! `--shutdown-grace-seconds` to finish, then whatever is left is cancelled and the process exits 0.
-//! The phases are in start.rs; the flags in args.rs.
+//! The phases are in start.rs; the flags in args.rs. An embedding model (an encoder: `embed/`) is
+//! served by the same phases around its own step loop.
 
 mod admin;
 mod args;
 mod body;
 mod config;
+mod embed;
 mod faults;
 mod generate;
 mod inflight;
@@ -33,7 +35,7 @@ mod validate;
 
 pub use args::{
     DEFAULT_BLOCK_SIZE, DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS,
-    KvCacheDType, ServeArgs,
+    KvCacheDType, ServeArgs, Task,
 };
 pub use config::RuntimeConfig;
 
@@ -106,6 +108,23 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cfg = args.validate()?;
     if !cfg.verify_beside_load {
         start::verify_digests(&cfg).await?;
+    }
+    let encoder = modelfleet_engine::embed::is_encoder(&cfg.model.path);
+    match (cfg.task, encoder) {
+        (Some(args::Task::Embed), false) => bail!(
+            "--task embed: {} is not an embedding model (embedding models are encoders: {})",
+            cfg.model.path.display(),
+            modelfleet_engine::embed::config::ENCODER_ARCHITECTURES.join(", ")
+        ),
+        (Some(args::Task::Generate), true) => bail!(
+            "--task generate: {} is an embedding model (an encoder): it answers /v1/embeddings only",
+            cfg.model.path.display()
+        ),
+        _ => {}
+    }
+    if encoder {
+        let verified = !cfg.verify_beside_load;
+        return embed::serve(cfg, verified).await;
     }
     let auth = start::authentication(&cfg)?;
     let admin_token = start::admin_token(&cfg)?;

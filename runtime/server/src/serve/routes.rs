@@ -22,6 +22,7 @@ pub fn router(st: Arc<AppState>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(embeddings_on_a_generation_model))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -31,6 +32,22 @@ pub fn router(st: Arc<AppState>, max_body_bytes: usize) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(st)
+}
+
+/// A generation model has no embeddings endpoint: a 400 naming the model's task (after the key check,
+/// so it tells nobody unauthenticated what is served).
+async fn embeddings_on_a_generation_model(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = st.authenticate(&headers) {
+        return e.into_response();
+    }
+    ApiError::invalid(
+        "model",
+        format!(
+            "`{}` is a generation model: it answers /v1/chat/completions and /v1/completions, not /v1/embeddings",
+            st.served_name
+        ),
+    )
+    .into_response()
 }
 
 async fn not_found() -> Response {
@@ -136,7 +153,7 @@ pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
 }
 
-fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(super) fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut value: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::invalid("body", format!("the body is not valid JSON: {e}")))?;
     crate::api::wire::normalize_integers(&mut value);

@@ -196,3 +196,9 @@ def test_dropped_streams_free_everything():
     assert metric("modelfleet_requests_waiting") == 0
     assert metric("modelfleet_kv_cache_usage_ratio") == 0, "no KV block is held after the streams dropped"
     assert metric("modelfleet_requests_total", finish_reason="cancelled") >= 150
+
+
+def test_embeddings_on_a_generation_model_are_a_400_naming_its_task():
+    with pytest.raises(openai.BadRequestError) as e:
+        client().embeddings.create(model=MODEL, input="hello")
+    assert e.value.body["param"] == "model" and "generation model" in e.value.body["message"]
