@@ -34,6 +34,12 @@ pub struct ModelSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = SERVED_NAME_PATTERN))]
     pub served_name: Option<String>,
+    /// What the model does: `Generate` (chat and completions) or `Embed` (`/v1/embeddings`). Unset,
+    /// the runtime decides from the model's files (an encoder such as BERT embeds; a decoder
+    /// generates) and each pod refuses the other endpoints; set, a pod whose model does something else
+    /// fails at start-up saying so, and the gateway refuses the other endpoints itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<ModelTask>,
     /// How an `oci://` model reaches the pods: `Fetch` (the default: pulled over the distribution API
     /// into each pod's volume, through the node cache in namespaces that use it; ModelPack artifacts
     /// and model images alike) or `ImageVolume` (a model image mounted by the node's container runtime:
@@ -57,6 +63,25 @@ pub struct ModelSource {
     /// `oci://` manifest verifies with the key (checked offline, before anything is downloaded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<VerifySpec>,
+}
+
+/// What a model does.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelTask {
+    /// Chat and completions (`/v1/chat/completions`, `/v1/completions`).
+    Generate,
+    /// Embeddings (`/v1/embeddings`).
+    Embed,
+}
+
+impl ModelTask {
+    /// The runtime's `--task` value.
+    pub fn flag(self) -> &'static str {
+        match self {
+            ModelTask::Generate => "generate",
+            ModelTask::Embed => "embed",
+        }
+    }
 }
 
 /// How an `oci://` model reaches the pods.

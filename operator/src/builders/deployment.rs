@@ -403,6 +403,9 @@ pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorCon
     ]
     .map(String::from)
     .to_vec();
+    if let Some(task) = md.spec.model.task {
+        args.extend(["--task".into(), task.flag().into()]);
+    }
     if !cfg.adapter_file_roots.is_empty() {
         args.push("--adapter-file-roots".into());
         args.push(cfg.adapter_file_roots.join(","));

@@ -170,6 +170,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             created: 0,
             max_model_len: None,
+            task: None,
             prices: Default::default(),
             split: None,
         }

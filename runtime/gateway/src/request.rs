@@ -1,5 +1,5 @@
 //! What the gateway reads of a request body — `model`, `stream`, `cache_salt`, `timeout`, and the
-//! messages or prompt for the affinity key — and nothing else: the body is forwarded unchanged, so
+//! messages, prompt or embedding input for the affinity key — and nothing else: the body is forwarded unchanged, so
 //! fields the gateway does not know (`tools`, `response_format`, …) reach the pod as sent, and the
 //! pod's strict validation stays the one place that refuses bad input.
 //!
@@ -34,6 +34,9 @@ pub struct Peek {
     /// Completion prompt(s).
     #[serde(default)]
     pub prompt: Option<Value>,
+    /// Embedding input(s) (routed by their first characters like a prompt).
+    #[serde(default)]
+    pub input: Option<Value>,
 }
 
 /// A request body as routing needs it.
@@ -77,7 +80,11 @@ pub fn peek(body: &[u8], prefix_chars: usize) -> Result<Routed, ApiError> {
             .timeout
             .and_then(|t| t.as_f64())
             .filter(|t| *t > 0.0 && t.is_finite()),
-        prefix: rendered_prefix(p.messages.as_ref(), p.prompt.as_ref(), prefix_chars),
+        prefix: rendered_prefix(
+            p.messages.as_ref(),
+            p.prompt.as_ref().or(p.input.as_ref()),
+            prefix_chars,
+        ),
     })
 }
 

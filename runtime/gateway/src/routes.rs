@@ -34,6 +34,7 @@ pub fn api(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(generate))
         .route("/v1/completions", post(generate))
+        .route("/v1/embeddings", post(generate))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -141,6 +142,9 @@ async fn generate(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         Ok(a) => a,
         Err(e) => return fail(&mut record, e),
     };
+    if let Err(e) = auth.deployment.check_task(parts.uri.path()) {
+        return fail(&mut record, e);
+    }
     record.namespace = auth.deployment.id.namespace.clone();
     record.deployment = auth.deployment.id.name.clone();
     record.tenant = auth.tenant.id.clone();

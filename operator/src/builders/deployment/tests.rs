@@ -725,3 +725,20 @@ fn a_claim_is_mounted_read_only_at_its_path() {
             .contains(&"--mounted".to_string())
     );
 }
+
+#[test]
+fn a_declared_task_reaches_the_runtime_as_its_flag() {
+    let mut m = minimal();
+    let args = |m: &ModelDeployment| {
+        let d = desired_deployment(m, &OperatorConfig::default(), 1).unwrap();
+        pod_spec(&d).containers[0].args.clone().unwrap()
+    };
+    assert!(
+        !args(&m).iter().any(|a| a == "--task"),
+        "unset: the model's files decide"
+    );
+    m.spec.model.task = Some(modelfleet_crds::model_source::ModelTask::Embed);
+    let a = args(&m);
+    let i = a.iter().position(|x| x == "--task").expect("--task passed");
+    assert_eq!(a[i + 1], "embed");
+}

@@ -193,6 +193,7 @@ pub fn fleet(
                     .as_ref()
                     .map_or(0, |t| t.0.as_second().max(0) as u64),
                 max_model_len: runtime.and_then(|r| r.max_model_len).map(|v| v.max(0) as u64),
+                task: md.spec.model.task,
                 prices: crate::limits::Prices::from_spec(md.spec.cost.as_ref()),
                 split: Split::from_status(rollout),
             }

@@ -94,6 +94,8 @@ pub struct Deployment {
     pub created: u64,
     /// `spec.runtime.maxModelLen`, when set.
     pub max_model_len: Option<u64>,
+    /// `spec.model.task`, when declared (the gateway then refuses the other task's endpoints itself).
+    pub task: Option<modelfleet_crds::model_source::ModelTask>,
     /// Token prices from `spec.cost` (what tenants are charged).
     pub prices: crate::limits::Prices,
     /// The canary split while a rollout names a canary revision (`None`: every Ready pod serves).
@@ -101,6 +103,31 @@ pub struct Deployment {
 }
 
 impl Deployment {
+    /// A deployment that declares its task answers only that task's endpoints: the other's are a 400 here,
+    /// before the limits or a pod see them. Undeclared, the pods (which know their model) refuse alike.
+    pub fn check_task(&self, path: &str) -> Result<(), modelfleet_api::error::ApiError> {
+        use modelfleet_api::error::ApiError;
+        use modelfleet_crds::model_source::ModelTask;
+        let embeddings = path == "/v1/embeddings";
+        match (self.task, embeddings) {
+            (Some(ModelTask::Embed), false) => Err(ApiError::invalid(
+                "model",
+                format!(
+                    "`{}` is an embedding model: it answers /v1/embeddings, not chat or completions",
+                    self.served_name
+                ),
+            )),
+            (Some(ModelTask::Generate), true) => Err(ApiError::invalid(
+                "model",
+                format!(
+                    "`{}` is a generation model: it answers /v1/chat/completions and /v1/completions, not /v1/embeddings",
+                    self.served_name
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The tenant of a caller presenting `key`, or why not: `None` = the key is not one of this
     /// deployment's. Open deployments are single-tenant (`default`), whatever the key.
     pub fn tenant(&self, key: Option<&str>) -> Result<Option<Arc<Tenant>>, String> {
@@ -224,6 +251,28 @@ impl Fleet {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_declared_task_refuses_the_other_tasks_endpoints() {
+        use modelfleet_crds::model_source::ModelTask;
+        let mut d = deployment("ns", "m", "minilm", &[]);
+        for path in ["/v1/embeddings", "/v1/chat/completions", "/v1/completions"] {
+            assert!(d.check_task(path).is_ok(), "undeclared: the pods decide ({path})");
+        }
+        d.task = Some(ModelTask::Embed);
+        assert!(d.check_task("/v1/embeddings").is_ok());
+        let e = d.check_task("/v1/chat/completions").unwrap_err();
+        assert_eq!((e.status(), e.param.as_deref()), (400, Some("model")));
+        assert!(
+            e.message.contains("`minilm` is an embedding model"),
+            "{}",
+            e.message
+        );
+        d.task = Some(ModelTask::Generate);
+        assert!(d.check_task("/v1/completions").is_ok());
+        let e = d.check_task("/v1/embeddings").unwrap_err();
+        assert!(e.message.contains("generation model"), "{}", e.message);
+    }
+
     pub(crate) fn deployment(ns: &str, name: &str, served: &str, adapters: &[&str]) -> Deployment {
         Deployment {
             id: DeploymentId {
@@ -250,6 +299,7 @@ mod tests {
                 .collect(),
             created: 0,
             max_model_len: None,
+            task: None,
             prices: Default::default(),
             split: None,
         }

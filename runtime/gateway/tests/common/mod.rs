@@ -325,6 +325,7 @@ pub fn deployment(pods: &[Pod], tenancy: Tenancy, adapters: &[(&str, &[&str], &[
             .collect::<BTreeMap<_, _>>(),
         created: 1,
         max_model_len: Some(2048),
+        task: None,
         split: None,
     }
 }
