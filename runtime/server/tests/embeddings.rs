@@ -76,3 +76,52 @@ fn a_task_the_model_does_not_do_fails_the_start() {
         );
     }
 }
+
+/// A burst beyond the queue is answered at once with 429s (never a 500, never an unbounded wait), and
+/// the pod serves normally afterwards with nothing left queued.
+#[test]
+fn a_burst_over_the_queue_gets_429s_and_leaves_nothing_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = modelfleet_testkit::fixtures::minilm_dir();
+    let server = common::Launch::model(
+        dir,
+        model,
+        "minilm",
+        &["--threads", "1", "--max-num-queued-reqs", "2"],
+    )
+    .start(|_| Vec::new());
+    let long: Vec<String> = (0..8).map(|i| format!("word{i} ").repeat(60)).collect();
+    let body = serde_json::json!({"model": "minilm", "input": long}).to_string();
+    let port = server.port;
+    let statuses: Vec<(u16, String)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..16)
+            .map(|_| s.spawn(|| common::http(port, "POST", "/v1/embeddings", &[], &body)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = statuses.iter().filter(|(s, _)| *s == 200).count();
+    let refused: Vec<_> = statuses.iter().filter(|(s, _)| *s == 429).collect();
+    assert_eq!(ok + refused.len(), 16, "only 200s and 429s: {statuses:?}");
+    assert!(
+        ok >= 1 && !refused.is_empty(),
+        "{ok} answered, {} refused",
+        refused.len()
+    );
+    assert!(refused[0].1.contains("max-num-queued-reqs"), "{}", refused[0].1);
+    let (status, _) = common::http(
+        port,
+        "POST",
+        "/v1/embeddings",
+        &[],
+        r#"{"model":"minilm","input":"hello"}"#,
+    );
+    assert_eq!(status, 200);
+    let metrics = common::http(server.admin_port, "GET", "/metrics", &[], "").1;
+    assert!(
+        metrics.contains("modelfleet_requests_waiting{model=\"minilm\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains(
+        "modelfleet_requests_rejected_total{model=\"minilm\",reason=\"queue_full\",tenant=\"default\"}"
+    ));
+}

@@ -135,4 +135,8 @@ def test_usage_is_counted_per_tenant():
     client(KEY_B).embeddings.create(model=MODEL, input=["hello", "hello"])
     assert metric("modelfleet_prompt_tokens_total", model=MODEL, tenant="b") == before_b + 6
     assert metric("modelfleet_prompt_tokens_total", model=MODEL, tenant="a") == before_a
-    assert metric("modelfleet_requests_waiting", model=MODEL) == 0
+    # What the autoscaler reads of an embedding pod: its queue (and no KV pressure).
+    text = urllib.request.urlopen(f"{ADMIN}/metrics", timeout=10).read().decode()
+    assert f'modelfleet_requests_waiting{{model="{MODEL}"}} 0' in text
+    assert f'modelfleet_kv_cache_usage_ratio{{model="{MODEL}"}} 0' in text
+    assert metric("modelfleet_requests_total", model=MODEL, tenant="b", finish_reason="stop") >= 1
