@@ -40,13 +40,27 @@ pub(crate) fn layer_norm(
     });
 }
 
-/// `x = GELU(x)` with the exact error function.
-pub(crate) fn gelu_erf(x: &mut [f32]) {
+/// `x = GELU(x)` with the exact error function (`simd::gelu_erf`).
+pub(crate) fn gelu_erf(isa: Isa, x: &mut [f32]) {
     pool::for_each_chunk(x, 4096, 1, |_, c| {
-        for v in c {
-            *v = 0.5 * *v * (1.0 + libm::erff(*v * std::f32::consts::FRAC_1_SQRT_2));
+        // SAFETY: the ISA was detected on this CPU (the backend's invariant).
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 | Isa::Avx512 => gelu_avx2(c),
+                _ => simd::gelu_erf::<Portable>(c),
+            }
         }
     });
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gelu_avx2(x: &mut [f32]) {
+    // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller.
+    unsafe { simd::gelu_erf::<simd::Avx2>(x) }
 }
 
 /// Output rows written by disjoint tasks (each task owns one (sequence, head) column block).
@@ -84,62 +98,97 @@ pub(crate) fn bidirectional_attention(
     }
     let dst = OutPtr(out.as_mut_ptr());
     pool::for_each(seqs.len() * num_heads, |task| {
+        // The whole `OutPtr` (which is `Sync`), not its field: a closure would capture just the field.
         let dst = &dst;
         let ((start, len), h) = (seqs[task / num_heads], task % num_heads);
-        let kh = h / group.max(1);
-        // Keys of this head transposed, `d × len`: a query's scores are then `d` axpy passes over
-        // contiguous rows, each in the same order for every batch.
-        let mut kt = vec![0.0f32; d * len];
-        for j in 0..len {
-            let row = &k[(start + j) * kw + kh * d..][..d];
-            for (i, &x) in row.iter().enumerate() {
-                kt[i * len + j] = x;
-            }
-        }
-        let mut scores = vec![0.0f32; len];
-        let mut acc = vec![0.0f32; d];
-        for i in 0..len {
-            let qi = &q[(start + i) * qw + h * d..][..d];
-            scores.fill(0.0);
-            for (dim, &qv) in qi.iter().enumerate() {
-                axpy(isa, qv * scale, &kt[dim * len..(dim + 1) * len], &mut scores);
-            }
-            super::elementwise::softmax_in_place(&mut scores);
-            acc.fill(0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                axpy(isa, p, &v[(start + j) * kw + kh * d..][..d], &mut acc);
-            }
-            // SAFETY: row `start + i`, head `h` is written by this task only (see `OutPtr`), and lies
-            // within `out` (checked above).
-            unsafe {
-                let o = dst.0.add((start + i) * qw + h * d);
-                std::ptr::copy_nonoverlapping(acc.as_ptr(), o, d);
+        let t = Task {
+            q: &q[start * qw..(start + len) * qw],
+            k: &k[start * kw..(start + len) * kw],
+            v: &v[start * kw..(start + len) * kw],
+            len,
+            d,
+            q_col: h * d,
+            kv_col: (h / group.max(1)) * d,
+            qw,
+            kw,
+            scale,
+        };
+        // SAFETY: the rows `start..start + len` of `out` at head `h`'s columns are written by this
+        // task only (see `OutPtr`), and lie within `out` (checked above).
+        let o = unsafe { dst.0.add(start * qw) };
+        // SAFETY: the ISA was detected on this CPU (the backend's invariant); `o` as just said.
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 | Isa::Avx512 => attend_avx2(&t, o),
+                _ => attend::<Portable>(&t, o),
             }
         }
     });
 }
 
-/// `y += a · x` with the ISA's lanes (each element one multiply-add: the order cannot vary).
-fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
-    // SAFETY: the ISA was detected on this CPU (the backend's invariant).
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512 => axpy_avx2(a, x, y),
-            _ => axpy_lanes::<Portable>(a, x, y),
-        }
-    }
+/// One (sequence, head): its rows of `q`, `k`, `v` (all heads, `qw`/`kw` wide) and where its head's
+/// columns are.
+struct Task<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    len: usize,
+    d: usize,
+    q_col: usize,
+    kv_col: usize,
+    qw: usize,
+    kw: usize,
+    scale: f32,
 }
 
 /// # Safety
-/// AVX2, FMA and F16C must be available.
+/// AVX2, FMA and F16C must be available; `o` as for [`attend`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_avx2(a: f32, x: &[f32], y: &mut [f32]) {
-    // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller.
-    unsafe { axpy_lanes::<simd::Avx2>(a, x, y) }
+unsafe fn attend_avx2(t: &Task<'_>, o: *mut f32) {
+    // SAFETY: `Avx2` needs AVX2/FMA/F16C, enabled here and guaranteed by our caller; `o` is passed on.
+    unsafe { attend::<simd::Avx2>(t, o) }
 }
 
+/// Every row of the task's sequence against all of its keys: scores as `d` axpy passes over the keys
+/// transposed (`d × len`, contiguous), the softmax, then the values summed in key order.
+///
+/// # Safety
+/// `S`'s instruction set must be available; `o` points at row 0 of the sequence in the output
+/// (`qw` wide), whose columns `q_col..q_col + d` of rows `0..len` only this call writes.
+#[inline(always)]
+unsafe fn attend<S: Simd>(t: &Task<'_>, o: *mut f32) {
+    let (len, d) = (t.len, t.d);
+    let mut kt = vec![0.0f32; d * len];
+    for j in 0..len {
+        let row = &t.k[j * t.kw + t.kv_col..][..d];
+        for (i, &x) in row.iter().enumerate() {
+            kt[i * len + j] = x;
+        }
+    }
+    let mut scores = vec![0.0f32; len];
+    let mut acc = vec![0.0f32; d];
+    for i in 0..len {
+        let qi = &t.q[i * t.qw + t.q_col..][..d];
+        scores.fill(0.0);
+        for (dim, &qv) in qi.iter().enumerate() {
+            // SAFETY: `S` is available (our contract).
+            unsafe { axpy_lanes::<S>(qv * t.scale, &kt[dim * len..(dim + 1) * len], &mut scores) };
+        }
+        super::elementwise::softmax_in_place(&mut scores);
+        acc.fill(0.0);
+        for (j, &p) in scores.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { axpy_lanes::<S>(p, &t.v[j * t.kw + t.kv_col..][..d], &mut acc) };
+        }
+        // SAFETY: row `i`, columns `q_col..q_col + d` belong to this call (our contract).
+        unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), o.add(i * t.qw + t.q_col), d) };
+    }
+}
+
+/// `y += a · x` with `S`'s lanes (each element one multiply-add: the order cannot vary).
+///
 /// # Safety
 /// `S`'s instruction set must be available.
 #[inline(always)]
@@ -257,10 +306,12 @@ mod tests {
             }
         }
         let mut g = [-3.0f32, -1.0, 0.0, 0.5, 2.0];
-        gelu_erf(&mut g);
+        gelu_erf(Isa::detect(), &mut g);
+        let mut p = [-3.0f32, -1.0, 0.0, 0.5, 2.0];
+        gelu_erf(Isa::Portable, &mut p);
         // PyTorch's `gelu` (erf) at those points.
         let want = [-0.004049696, -0.15865526, 0.0, 0.34573123, 1.9544997];
-        for (a, b) in g.iter().zip(want) {
+        for (a, b) in g.iter().chain(&p).zip(want.iter().chain(&want)) {
             assert!((a - b).abs() < 1e-6, "{a} vs {b}");
         }
     }

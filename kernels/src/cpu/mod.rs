@@ -259,7 +259,7 @@ impl Kernels for CpuKernels {
     }
 
     fn gelu(&self, x: &mut Vec<f32>, len: usize) {
-        encoder::gelu_erf(&mut x[..len]);
+        encoder::gelu_erf(self.isa, &mut x[..len]);
     }
 
     fn encoder_attention(
