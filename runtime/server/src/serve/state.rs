@@ -65,6 +65,21 @@ pub struct AppState {
     pub step_metrics: crate::metrics::steps::StepMetrics,
 }
 
+/// The caller's tenant under `auth`, from `Authorization: Bearer`; never from the body (a 401 naming
+/// what is wrong). Every server mode's one reading of a key.
+pub fn authenticate(auth: &Auth, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
+    let header = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    auth.authenticate(header).map_err(|e| {
+        let message = match e {
+            AuthError::Missing => "missing API key: send `Authorization: Bearer <key>`",
+            AuthError::Invalid => "invalid API key",
+        };
+        ApiError::new(ApiErrorKind::Authentication, message)
+    })
+}
+
 /// Request body bounds (read only after the caller's key was checked).
 #[derive(Clone, Copy, Debug)]
 pub struct BodyLimits {
@@ -82,16 +97,7 @@ impl AppState {
 
     /// The caller's tenant, from `Authorization: Bearer`; never from the body.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
-        let header = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        self.auth.authenticate(header).map_err(|e| {
-            let message = match e {
-                AuthError::Missing => "missing API key: send `Authorization: Bearer <key>`",
-                AuthError::Invalid => "invalid API key",
-            };
-            ApiError::new(ApiErrorKind::Authentication, message)
-        })
+        authenticate(&self.auth, headers)
     }
 
     /// 503 while draining; 429 at once when the queue is already full (before parsing anything).

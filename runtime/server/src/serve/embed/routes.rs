@@ -16,7 +16,7 @@ use crate::api::embeddings::{
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::limits::{USAGE_HEADER, usage_report};
 use crate::api::response::{ModelCard, ModelList};
-use crate::tenants::{AuthError, Tenant};
+use crate::tenants::Tenant;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
@@ -51,14 +51,7 @@ pub fn admin(st: Arc<EmbedState>) -> Router {
 }
 
 fn authenticate(st: &EmbedState, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
-    let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    st.auth.authenticate(header).map_err(|e| {
-        let message = match e {
-            AuthError::Missing => "missing API key: send `Authorization: Bearer <key>`",
-            AuthError::Invalid => "invalid API key",
-        };
-        ApiError::new(ApiErrorKind::Authentication, message)
-    })
+    super::super::state::authenticate(&st.auth, headers)
 }
 
 async fn health() -> Response {
