@@ -348,8 +348,10 @@ fn tenants_secret(ns: &str, key_a: &str) -> String {
     )
 }
 
-/// Sends a request head announcing a 1 MB body and no body: the answer must come anyway.
-async fn status_without_body(key: &str) -> String {
+/// Sends a request head announcing a 1 MB body and no body: the status line of the answer, or `None`
+/// when none came within 5 s (the gateway waits for a body while any keyless deployment is in its
+/// scope — its view of one being deleted may lag the API's — so the caller retries).
+async fn status_without_body(key: &str) -> Option<String> {
     let addr = gateway_url().trim_start_matches("http://").to_string();
     let mut s = tokio::net::TcpStream::connect(&addr)
         .await
@@ -362,13 +364,15 @@ async fn status_without_body(key: &str) -> String {
     let mut buf = vec![0u8; 4096];
     let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
         .await
-        .expect("an answer before any body byte was sent")
-        .unwrap();
-    String::from_utf8_lossy(&buf[..n])
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string()
+        .ok()?
+        .ok()?;
+    Some(
+        String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+    )
 }
 
 #[tokio::test]
@@ -456,9 +460,9 @@ async fn keys_are_checked_at_the_edge_adapters_are_hidden_and_rotation_needs_no_
     .await;
     let line = wait_until(
         "401 for an unknown key without a body",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || async {
-            let line = status_without_body("sk-nobody").await;
+            let line = status_without_body("sk-nobody").await?;
             line.contains(" 401 ").then_some(line)
         },
     )
