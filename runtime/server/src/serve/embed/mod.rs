@@ -28,8 +28,8 @@ pub use worker::EmbedWorker;
 pub struct EmbedState {
     /// The step loop.
     pub worker: EmbedWorker,
-    /// The model's tokenizer (the handlers tokenize on the blocking pool).
-    pub embedder_info: ModelInfo,
+    /// What the handlers check inputs against (they tokenize on the blocking pool).
+    pub model: ModelInfo,
     /// API keys → tenants.
     pub auth: Auth,
     /// The runtime's metrics.
@@ -38,7 +38,7 @@ pub struct EmbedState {
     pub served_name: String,
     /// Request bodies' bounds.
     pub body: super::state::BodyLimits,
-    /// Longest time a request may take (`--max-timeout`… the generation path's limit).
+    /// Longest a request may wait for its embeddings (the server's longest `timeout`, as for generation).
     pub max_timeout: Duration,
     /// Sequences one tenant may have waiting.
     pub tenant_queue_share: usize,
@@ -112,7 +112,7 @@ pub async fn serve(cfg: RuntimeConfig, verified: bool) -> anyhow::Result<()> {
     let gate = Arc::new(AdmissionGate::new(cfg.queue));
     let st = Arc::new(EmbedState {
         worker: EmbedWorker::start(embedder, gate, budget),
-        embedder_info: info,
+        model: info,
         auth,
         metrics,
         served_name: cfg.served_name.clone(),

@@ -92,7 +92,7 @@ async fn models(State(st): State<Arc<EmbedState>>, headers: HeaderMap) -> Respon
         created: st.created,
         owned_by: "modelfleet",
         parent: None,
-        max_model_len: st.embedder_info.max_input_tokens,
+        max_model_len: st.model.max_input_tokens,
     };
     axum::Json(ModelList {
         object: "list",
@@ -161,7 +161,7 @@ async fn answer(
             format!("the model `{}` does not exist", req.model),
         ));
     }
-    let info = &st.embedder_info;
+    let info = &st.model;
     let dims = check_dimensions(info, req.dimensions)?;
     let inputs = tokenize(st, &req).await?;
     let tokens: usize = inputs.iter().map(Vec::len).sum();
@@ -272,7 +272,7 @@ async fn tokenize(st: &Arc<EmbedState>, req: &EmbeddingRequest) -> Result<Vec<Ve
         .collect();
     let st2 = st.clone();
     tokio::task::spawn_blocking(move || {
-        let info = &st2.embedder_info;
+        let info = &st2.model;
         owned
             .into_iter()
             .enumerate()
