@@ -66,19 +66,8 @@ pub struct ModelInfo {
     pub normalize: bool,
 }
 
-/// Runs an embedding model until SIGTERM (`verified`: its digests were checked already).
-pub async fn serve(cfg: RuntimeConfig, verified: bool) -> anyhow::Result<()> {
-    if cfg.draft.is_some() {
-        bail!(
-            "--draft-model: {} is an embedding model, which generates nothing to draft",
-            cfg.model.path.display()
-        );
-    }
-    if !verified {
-        start::verify_digests(&cfg).await?;
-    }
-    let auth = start::authentication(&cfg)?;
-    let metrics = Arc::new(RuntimeMetrics::default());
+/// Loads the encoder on the kernels (on the blocking pool), and what the handlers need of it.
+async fn load(cfg: &RuntimeConfig) -> anyhow::Result<(Embedder<CpuKernels>, ModelInfo)> {
     let (path, threads, bf16) = (cfg.model.path.clone(), cfg.engine.threads, cfg.bf16_dot);
     let embedder = tokio::task::spawn_blocking(move || {
         let model = EmbedModel::open(&path)?;
@@ -104,6 +93,23 @@ pub async fn serve(cfg: RuntimeConfig, verified: bool) -> anyhow::Result<()> {
         vocab_size: c.encoder.vocab_size,
         normalize: c.normalize,
     };
+    Ok((embedder, info))
+}
+
+/// Runs an embedding model until SIGTERM (`verified`: its digests were checked already).
+pub async fn serve(cfg: RuntimeConfig, verified: bool) -> anyhow::Result<()> {
+    if cfg.draft.is_some() {
+        bail!(
+            "--draft-model: {} is an embedding model, which generates nothing to draft",
+            cfg.model.path.display()
+        );
+    }
+    if !verified {
+        start::verify_digests(&cfg).await?;
+    }
+    let auth = start::authentication(&cfg)?;
+    let metrics = Arc::new(RuntimeMetrics::default());
+    let (embedder, info) = load(&cfg).await?;
     // A step holds at least 16 of the longest inputs: embedding traffic is many short inputs.
     let budget = cfg
         .scheduler

@@ -212,23 +212,7 @@ async fn answer(
         .vectors
         .into_iter()
         .enumerate()
-        .map(|(index, mut v)| {
-            if dims < v.len() {
-                v.truncate(dims);
-                if info.normalize {
-                    let n = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt() as f32;
-                    v.iter_mut().for_each(|x| *x /= n.max(1e-12));
-                }
-            }
-            Embedding {
-                object: "embedding",
-                index,
-                embedding: match format {
-                    EncodingFormat::Float => EmbeddingVector::Float(v),
-                    EncodingFormat::Base64 => EmbeddingVector::Base64(base64_f32(&v)),
-                },
-            }
-        })
+        .map(|(index, v)| embedding(index, v, dims, info.normalize, format))
         .collect();
     Ok(EmbeddingResponse {
         object: "list",
@@ -239,6 +223,31 @@ async fn answer(
             total_tokens: tokens,
         },
     })
+}
+
+/// One embedding as answered: cut to `dims` (normalised again when the model normalises) and encoded.
+fn embedding(
+    index: usize,
+    mut v: Vec<f32>,
+    dims: usize,
+    normalize: bool,
+    format: EncodingFormat,
+) -> Embedding {
+    if dims < v.len() {
+        v.truncate(dims);
+        if normalize {
+            let n = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt() as f32;
+            v.iter_mut().for_each(|x| *x /= n.max(1e-12));
+        }
+    }
+    Embedding {
+        object: "embedding",
+        index,
+        embedding: match format {
+            EncodingFormat::Float => EmbeddingVector::Float(v),
+            EncodingFormat::Base64 => EmbeddingVector::Base64(base64_f32(&v)),
+        },
+    }
 }
 
 /// The size of the returned embeddings: the model's, or a Matryoshka size it was trained for.
