@@ -29,7 +29,7 @@ fn metric(text: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stdout_loses_usage_lines_but_never_the_engine() {
-    let mut s = common::Launch::tiny(&[]).stdout(Stdio::piped()).start(|_| vec![]);
+    let mut s = common::Launch::tiny(&[]).stdout(Stdio::piped).start(|_| vec![]);
     // `serve … | head -c 100` after head exits: the read end of stdout is gone.
     drop(s.child.stdout.take());
     let c = client();

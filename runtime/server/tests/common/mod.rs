@@ -81,7 +81,7 @@ pub struct Launch {
     pub model: PathBuf,
     pub name: String,
     pub args: Vec<String>,
-    pub stdout: Stdio,
+    pub stdout: fn() -> Stdio,
     pub env: Vec<(String, String)>,
 }
 
@@ -93,7 +93,7 @@ impl Launch {
             model,
             name: name.to_owned(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
-            stdout: Stdio::null(),
+            stdout: Stdio::null,
             env: Vec::new(),
         }
     }
@@ -123,8 +123,8 @@ impl Launch {
         self
     }
 
-    /// With the server's stdout going to `stdout`.
-    pub fn stdout(mut self, stdout: Stdio) -> Self {
+    /// With the server's stdout going to what `stdout` makes (`Stdio::piped`; made again for a retry).
+    pub fn stdout(mut self, stdout: fn() -> Stdio) -> Self {
         self.stdout = stdout;
         self
     }
@@ -133,51 +133,78 @@ impl Launch {
     /// until `/health` answers.
     pub fn start(self, setup: impl FnOnce(&Path) -> Vec<String>) -> Server {
         let more = setup(self.dir.path());
-        let (port, admin_port) = (free_port(), free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
-            .arg("serve")
-            .arg("--model")
-            .arg(&self.model)
-            .args(["--served-model-name", &self.name])
-            .args([
-                "--port",
-                &port.to_string(),
-                "--admin-port",
-                &admin_port.to_string(),
-            ])
-            .args(&self.args)
-            .args(&more)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env_remove("POD_IP")
-            .stdout(self.stdout)
-            .spawn()
-            .unwrap();
-        let s = Server {
-            child,
-            port,
-            admin_port,
-            dir: self.dir,
-            model: self.model,
-        };
-        wait_healthy(&s);
-        s
+        let Launch {
+            dir,
+            model,
+            name,
+            args,
+            stdout,
+            env,
+        } = self;
+        // A port `free_port` saw free may be taken before the server binds it (by a parallel test, or
+        // as the local port of any outgoing connection): a server that exits at once is started again
+        // on other ports.
+        for attempt in 1.. {
+            let (port, admin_port) = (free_port(), free_port());
+            let mut child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
+                .arg("serve")
+                .arg("--model")
+                .arg(&model)
+                .args(["--served-model-name", &name])
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--admin-port",
+                    &admin_port.to_string(),
+                ])
+                .args(&args)
+                .args(&more)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .env_remove("POD_IP")
+                .stdout(stdout())
+                .spawn()
+                .unwrap();
+            match wait_healthy(&mut child, port) {
+                Ok(()) => {
+                    return Server {
+                        child,
+                        port,
+                        admin_port,
+                        dir,
+                        model,
+                    };
+                }
+                Err(exit) if attempt < 3 => {
+                    eprintln!("the server exited at start ({exit}); again on other ports");
+                }
+                Err(exit) => panic!("the server exited at start three times, last: {exit}"),
+            }
+        }
+        unreachable!()
     }
 }
 
-fn wait_healthy(s: &Server) {
+/// Waits until `/health` on `port` answers 200; `Err` with the exit status when the server exited
+/// first (killed, then a panic, when neither happens within 60 s).
+fn wait_healthy(child: &mut Child, port: u16) -> Result<(), std::process::ExitStatus> {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(60) {
-        if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", s.port)) {
+        if let Ok(Some(exit)) = child.try_wait() {
+            return Err(exit);
+        }
+        if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) {
             use std::io::Write;
             let _ = c.write_all(b"GET /health HTTP/1.0\r\n\r\n");
             let mut out = String::new();
             let _ = c.read_to_string(&mut out);
             if out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200") {
-                return;
+                return Ok(());
             }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("the server did not become healthy in 60 s");
 }
 
