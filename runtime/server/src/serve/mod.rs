@@ -141,13 +141,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_vllm_metrics(&metrics, &cfg.served_name, &engine, &args);
     let startup_adapters = start::startup_adapters(&cfg)?;
     let (st, _adapter_store) = start::build_state(&cfg, engine, auth, metrics).await?;
-    let listeners = listener::Listeners::bind(
-        &cfg.listen.host,
-        cfg.listen.port,
-        cfg.listen.admin_port,
-        "the admin port",
-    )
-    .await?;
+    let listeners = start::listeners(&cfg).await?;
     tracing::info!(
         model = %st.served_name,
         path = %st.engine.model_dir().path.display(),

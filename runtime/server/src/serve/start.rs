@@ -159,9 +159,7 @@ pub async fn build_state(
         faults: super::faults::Faults::new(cfg.fault_error_percent, cfg.fault_delay),
         termination_log: cfg.termination_log.clone(),
         draining: Default::default(),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        created: unix_now(),
     });
     Ok((st, store_guard))
 }
@@ -235,4 +233,23 @@ pub fn load_startup_adapters(
         }
         st.adapters_ready.store(true, Ordering::SeqCst);
     });
+}
+
+/// The API and admin listeners `cfg` names, bound (a port in use fails the start, naming it).
+pub async fn listeners(cfg: &RuntimeConfig) -> anyhow::Result<modelfleet_api::listener::Listeners> {
+    modelfleet_api::listener::Listeners::bind(
+        &cfg.listen.host,
+        cfg.listen.port,
+        cfg.listen.admin_port,
+        "the admin port",
+    )
+    .await
+    .map_err(Into::into)
+}
+
+/// Now, Unix seconds (`created` of `/v1/models`).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -127,17 +127,9 @@ pub async fn serve(cfg: RuntimeConfig, verified: bool) -> anyhow::Result<()> {
         tenant_queue_share: cfg.tenant_queue_share,
         max_queued_tokens: cfg.queue.max_queued_tokens,
         draining: AtomicBool::new(false),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        created: start::unix_now(),
     });
-    let listeners = listener::Listeners::bind(
-        &cfg.listen.host,
-        cfg.listen.port,
-        cfg.listen.admin_port,
-        "the admin port",
-    )
-    .await?;
+    let listeners = start::listeners(&cfg).await?;
     tracing::info!(
         model = %st.served_name,
         "serving embeddings on http://{} (/metrics on http://{})",
