@@ -4,7 +4,8 @@
 # unless the images in the local store were built from this very commit with a clean tree (as `make
 # test` does just before the end-to-end suite): a dirty tree always rebuilds. Then the test peers'
 # images the scenarios run as pods: versitygw (an S3 server) as
-# $MF_REGISTRY/modelfleet-e2e/versitygw:$VERSITYGW_VERSION.
+# $MF_REGISTRY/modelfleet-e2e/versitygw:$VERSITYGW_VERSION, and Jaeger (the trace backend) as
+# $MF_REGISTRY/modelfleet-e2e/jaeger:$JAEGER_VERSION.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source e2e/scripts/versions.sh
@@ -22,9 +23,18 @@ STORE=${MODELFLEET_IMAGE_STORE:-$HOME/.cache/modelfleet/containers}
 bah() { buildah --root "$STORE/storage" --runroot "$STORE/run" --storage-driver vfs "$@"; }
 [ -x "$MF_TOOLS_BIN/versitygw" ] || bash e2e/scripts/build-tools.sh versitygw
 ctx=$(mktemp -d)
-trap 'rm -rf "$ctx"' EXIT
+jctx=$(mktemp -d)
+trap 'rm -rf "$ctx" "$jctx"' EXIT
 install -m 0555 "$MF_TOOLS_BIN/versitygw" "$ctx/versitygw"
 ref="localhost/modelfleet-e2e/versitygw:$VERSITYGW_VERSION"
 bah bud --quiet --timestamp 0 -f e2e/images/versitygw/Containerfile -t "$ref" "$ctx" >/dev/null
 bah push --quiet --tls-verify=false "$ref" "docker://$MF_REGISTRY/modelfleet-e2e/versitygw:$VERSITYGW_VERSION"
 echo "[e2e] versitygw $VERSITYGW_VERSION pushed to $MF_REGISTRY/modelfleet-e2e/versitygw" >&2
+
+[ -x "$MF_JAEGER_BIN/jaeger" ] || bash e2e/scripts/build-tools.sh jaeger
+install -m 0555 "$MF_JAEGER_BIN/jaeger" "$jctx/jaeger"
+install -m 0444 e2e/images/jaeger/config.yaml "$jctx/config.yaml"
+ref="localhost/modelfleet-e2e/jaeger:$JAEGER_VERSION"
+bah bud --quiet --timestamp 0 -f e2e/images/jaeger/Containerfile -t "$ref" "$jctx" >/dev/null
+bah push --quiet --tls-verify=false "$ref" "docker://$MF_REGISTRY/modelfleet-e2e/jaeger:$JAEGER_VERSION"
+echo "[e2e] jaeger $JAEGER_VERSION pushed to $MF_REGISTRY/modelfleet-e2e/jaeger" >&2

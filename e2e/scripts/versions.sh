@@ -16,3 +16,8 @@ MF_NODE_BIN="$MF_CACHE/node-containerd-$CONTAINERD_VERSION/bin"
 VERSITYGW_VERSION=v1.8.0
 COSIGN_VERSION=v2.6.5
 MF_TOOLS_BIN="$MF_CACHE/tools-versitygw-$VERSITYGW_VERSION-cosign-$COSIGN_VERSION/bin"
+# The trace backend the tracing scenario checks our OTLP exports against: Jaeger v2 (Apache-2.0; the
+# OpenTelemetry-collector-based all-in-one, in-memory store), built from its Go module and run as a pod.
+# Its own cache directory, so bumping it never rebuilds versitygw or cosign.
+JAEGER_VERSION=v1.75.0
+MF_JAEGER_BIN="$MF_CACHE/tools-jaeger-$JAEGER_VERSION/bin"

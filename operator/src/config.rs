@@ -130,6 +130,18 @@ pub struct OperatorConfig {
     /// the chart's `runtime.podDefaults`): a node pool's selector and toleration, a priority class, a
     /// CA bundle volume.
     pub pod_defaults: modelfleet_crds::placement::PodSettings,
+    /// Where runtime pods export their traces (the operator's own `--otlp-traces-endpoint`): `None`,
+    /// they do not trace.
+    pub tracing: Option<RuntimeTracing>,
+}
+
+/// The trace export every runtime pod gets (docs/operations.md, "Traces").
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeTracing {
+    /// The collector's OTLP/HTTP URL.
+    pub endpoint: String,
+    /// The share of new traces sampled; `None`: the runtime's default (all).
+    pub sample_ratio: Option<f64>,
 }
 
 impl Default for OperatorConfig {
@@ -151,6 +163,7 @@ impl Default for OperatorConfig {
             gateway: GatewayPods::default(),
             served_name_scope: ServedNameScope::Cluster,
             pod_defaults: Default::default(),
+            tracing: None,
         }
     }
 }

@@ -6,10 +6,10 @@
 
 use clap::{Args, Parser, Subcommand};
 use modelfleet_operator::config::{
-    GatewayPods, ModelCache, NamespaceSet, OperatorConfig, ServedNameScope, quantity_bytes,
+    GatewayPods, ModelCache, NamespaceSet, OperatorConfig, RuntimeTracing, ServedNameScope, quantity_bytes,
 };
 use modelfleet_operator::scope::Scope;
-use modelfleet_operator::telemetry::{Metrics, init_tracing, router};
+use modelfleet_operator::telemetry::{Metrics, router};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -156,6 +156,10 @@ struct RunArgs {
     /// This replica's identity in the Lease (default: $POD_NAME).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Logs and traces (docs/operations.md, "Traces"). The endpoint and ratio also go to every
+    /// runtime pod, so a request's runtime spans reach the same collector.
+    #[command(flatten)]
+    telemetry: modelfleet_telemetry::TelemetryArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -171,17 +175,23 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Run(args) => {
-            tokio::runtime::Builder::new_multi_thread()
+            let telemetry = modelfleet_telemetry::init("modelfleet-operator", &args.telemetry);
+            if let Some(w) = &telemetry.warning {
+                tracing::warn!("{w}");
+            }
+            let ran = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
-                .block_on(run(*args))?;
+                .block_on(run(*args));
+            // The async workers are done: the export thread gets a bounded time for the last spans.
+            telemetry.shutdown(std::time::Duration::from_secs(3));
+            ran?;
         }
     }
     Ok(())
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    init_tracing();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let scope = Scope::parse(&args.namespaces);
     let cfg = operator_config(&args)?;
@@ -232,11 +242,35 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.leader.set(1);
     }
     tracing::info!(%identity, ?scope, "starting the ModelDeployment and LoraAdapter controllers");
-    tokio::join!(
-        modelfleet_operator::controller::run(client.clone(), cfg, metrics.clone(), &identity, &scope),
-        modelfleet_operator::lora::run(client, metrics, &identity, &scope),
-    );
+    let controllers = async {
+        tokio::join!(
+            modelfleet_operator::controller::run(client.clone(), cfg, metrics.clone(), &identity, &scope),
+            modelfleet_operator::lora::run(client, metrics, &identity, &scope),
+        )
+    };
+    tokio::select! {
+        _ = controllers => {}
+        _ = terminated() => {
+            tracing::info!("SIGTERM: stopping the controllers");
+        }
+    }
     Ok(())
+}
+
+/// SIGTERM or SIGINT.
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 /// The operator's configuration from its flags, each checked (a bad one stops the operator naming it).
@@ -296,6 +330,15 @@ fn operator_config(args: &RunArgs) -> anyhow::Result<OperatorConfig> {
         },
         served_name_scope: args.served_name_scope,
         pod_defaults: pod_defaults(args.runtime_pod_defaults.as_deref())?,
+        tracing: args
+            .telemetry
+            .otlp_traces_endpoint
+            .clone()
+            .filter(|e| !e.trim().is_empty())
+            .map(|endpoint| RuntimeTracing {
+                endpoint,
+                sample_ratio: args.telemetry.trace_sample_ratio,
+            }),
     };
     modelfleet_operator::builders::placement::check_defaults(&cfg)
         .map_err(|e| anyhow::anyhow!("--runtime-pod-defaults: {e}"))?;

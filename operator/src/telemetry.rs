@@ -272,16 +272,3 @@ pub fn router(metrics: Arc<Metrics>) -> Router {
         )
         .with_state(metrics)
 }
-
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: in a container, escape codes land in `kubectl logs` and log shippers.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // The default reports a failed write with `eprintln!`, which panics when stderr is closed.
-        .log_internal_errors(false)
-        .try_init();
-}

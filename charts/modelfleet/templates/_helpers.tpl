@@ -64,3 +64,20 @@ image.registry the install fails and says what to do.
 {{- define "modelfleet.externalMetricsSecret" -}}
 {{- .Values.externalMetrics.certSecret | default (printf "%s-tls" (include "modelfleet.externalMetricsService" .) | trunc 63 | trimSuffix "-") -}}
 {{- end -}}
+
+{{/*
+Logs and traces of the operator and the gateway (the operator passes the endpoint and ratio on to every
+runtime pod): docs/operations.md, "Traces".
+*/}}
+{{- define "modelfleet.telemetryEnv" -}}
+- name: MODELFLEET_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+{{- with .Values.tracing.otlpEndpoint }}
+- name: MODELFLEET_OTLP_TRACES_ENDPOINT
+  value: {{ . | quote }}
+- name: MODELFLEET_TRACE_SAMPLE_RATIO
+  value: {{ $.Values.tracing.sampleRatio | quote }}
+- name: MODELFLEET_TRACE_QUEUE
+  value: {{ $.Values.tracing.queueSize | quote }}
+{{- end }}
+{{- end }}

@@ -8,6 +8,7 @@ pub mod delivery;
 pub mod fleet;
 pub mod load;
 pub mod ramp;
+pub mod tracing;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
@@ -251,6 +252,9 @@ pub async fn ensure_operator() {
                 ],
                 None,
             );
+            // Every scenario's operator, gateway and runtime pods export their traces to the suite's
+            // Jaeger (traces.rs reads them); it may still be starting: spans are dropped until then.
+            tracing::deploy_jaeger();
             let chart = repo_root().join("charts/modelfleet");
             // Scenario binaries run side by side (scripts/run-e2e.sh): one helm operation on the
             // release at a time, or the second fails with "another operation is in progress".
@@ -270,6 +274,10 @@ pub async fn ensure_operator() {
                 .args(node_dir_values())
                 // The fleet gateway: one replica, at MF_GATEWAY_URL.
                 .args(gateway_values())
+                .args([
+                    "--set",
+                    &format!("tracing.otlpEndpoint={}", tracing::otlp_endpoint()),
+                ])
                 // The operator serves external.metrics.k8s.io (placement.rs drives an HPA with it).
                 .args(["--set", "externalMetrics.enabled=true"])
                 .output()

@@ -493,6 +493,32 @@ fn speculative_json(s: &SpeculativeConfigSpec) -> String {
     serde_json::Value::Object(doc).to_string()
 }
 
+/// The trace export of the operator's `--otlp-traces-endpoint`, and the pod's identity on its spans
+/// (expanded from the `POD_*` variables before them). A ModelDeployment's own `env` comes later and
+/// may override any of them.
+fn tracing_env(md: &ModelDeployment, cfg: &OperatorConfig) -> Vec<EnvVar> {
+    let Some(t) = &cfg.tracing else {
+        return Vec::new();
+    };
+    let value = |name: &str, v: String| EnvVar {
+        name: name.into(),
+        value: Some(v),
+        ..Default::default()
+    };
+    let mut env = vec![value("MODELFLEET_OTLP_TRACES_ENDPOINT", t.endpoint.clone())];
+    if let Some(r) = t.sample_ratio {
+        env.push(value("MODELFLEET_TRACE_SAMPLE_RATIO", r.to_string()));
+    }
+    env.push(value(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        format!(
+            "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),modelfleet.model_deployment={}",
+            kube::ResourceExt::name_any(md)
+        ),
+    ));
+    env
+}
+
 fn runtime_container(
     md: &ModelDeployment,
     runtime: &RuntimeSpec,
@@ -505,6 +531,7 @@ fn runtime_container(
         field_env("POD_NAMESPACE", "metadata.namespace"),
         tmpdir_env(),
     ];
+    env.extend(tracing_env(md, cfg));
     env.extend(memory_limit_env(runtime));
     env.extend(runtime.env.iter().cloned());
     let mut mounts = vec![
@@ -647,3 +674,5 @@ fn volumes(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorConfig) ->
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tracing_tests;

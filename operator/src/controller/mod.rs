@@ -36,7 +36,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Client, ResourceExt};
-use modelfleet_crds::{LoraAdapter, ModelDeployment};
+use modelfleet_crds::{LoraAdapter, ModelDeployment, ModelDeploymentStatus};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -173,6 +173,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
     let status = pass::desired_status(&md, &seen, &acted, Timestamp::now());
     let rollout_in_flight = crate::rollout::drive::in_flight(status.rollout.as_ref());
     let decision = acted.scaled.decision_reason.as_deref();
+    trace_decision(&status, decision, rollout_in_flight);
     pass::write_status(&md, &ctx, status, decision, acted.rollout_event.as_ref()).await?;
     events::pods_started(&ctx, &md, &seen.pods).await;
     let every = pass::requeue_after(&md, &seen);
@@ -180,6 +181,27 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Ac
         true => every.min(crate::rollout::drive::ROLLOUT_INTERVAL),
         false => every,
     }))
+}
+
+/// Writes what this pass decided on the reconcile's span (kube-runtime opens one per reconcile,
+/// `reconciling object`; exported when the operator traces): the replicas wanted and why, whether a
+/// rollout is under way, and every condition — the digest's verdict among them.
+fn trace_decision(status: &ModelDeploymentStatus, decision: Option<&str>, rollout: bool) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let span = tracing::Span::current();
+    span.set_attribute(
+        "modelfleet.replicas.desired",
+        i64::from(status.desired_replicas.unwrap_or(0)),
+    );
+    span.set_attribute("modelfleet.replicas.ready", i64::from(status.ready_replicas));
+    span.set_attribute("modelfleet.scale.reason", decision.unwrap_or("").to_string());
+    span.set_attribute("modelfleet.rollout.in_flight", rollout);
+    let conditions: Vec<String> = status
+        .conditions
+        .iter()
+        .map(|c| format!("{}={}({})", c.type_, c.status, c.reason))
+        .collect();
+    span.set_attribute("modelfleet.conditions", conditions.join(" "));
 }
 
 /// Used by the builders' callers and tests: the desired objects for a pass, or why the pod settings

@@ -130,6 +130,9 @@ pub struct RunArgs {
         default_value_t = 60.0
     )]
     pub shutdown_grace_seconds: f64,
+    /// Logs and traces (docs/operations.md, "Traces").
+    #[command(flatten)]
+    pub telemetry: modelfleet_telemetry::TelemetryArgs,
 }
 
 fn parse_load_factor(s: &str) -> Result<f64, String> {

@@ -42,4 +42,5 @@ pub mod secrets;
 pub mod serve;
 pub mod state;
 pub mod suspect;
+pub mod trace;
 pub mod usage;

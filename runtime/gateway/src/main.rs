@@ -16,22 +16,20 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve the OpenAI API for the ModelDeployments in scope.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the limits store's hourly usage records as CSV (for billing).
     Usage(modelfleet_gateway::usage::UsageArgs),
 }
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: in a container, escape codes land in `kubectl logs` and log shippers.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // The default reports a failed write with `eprintln!`, which panics when stderr is closed.
-        .log_internal_errors(false)
-        .try_init();
     let command = Cli::parse().command;
+    let telemetry = match &command {
+        Command::Run(args) => modelfleet_telemetry::init("modelfleet-gateway", &args.telemetry),
+        Command::Usage(_) => modelfleet_telemetry::init("modelfleet-gateway", &Default::default()),
+    };
+    if let Some(w) = &telemetry.warning {
+        tracing::warn!("{w}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -40,9 +38,11 @@ fn main() -> ExitCode {
         }
     };
     let result = match command {
-        Command::Run(args) => runtime.block_on(modelfleet_gateway::serve::run(args)),
+        Command::Run(args) => runtime.block_on(modelfleet_gateway::serve::run(*args)),
         Command::Usage(args) => runtime.block_on(modelfleet_gateway::usage::run(args)),
     };
+    // The async workers are done: the export thread gets a bounded time for the last spans.
+    telemetry.shutdown(std::time::Duration::from_secs(3));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

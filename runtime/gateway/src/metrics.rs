@@ -185,6 +185,8 @@ impl Metrics {
         for c in m.revisions.collectors() {
             m.registry.register(c).expect("unique");
         }
+        let traces = modelfleet_telemetry::metrics::TraceMetrics::default();
+        m.registry.register(Box::new(traces)).expect("unique");
         m
     }
 

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Copies in flight at most (per gateway replica).
 pub const MAX_IN_FLIGHT: usize = 64;
@@ -77,7 +78,14 @@ pub fn launch(gw: &Arc<Gateway>, job: &Job, key: u64) {
     let Some(choice) = choose_revision(gw, d, key, adapter, &split.canary) else {
         return dropped("no_pod");
     };
-    let mut headers = job.headers.clone();
+    // The copy is its own CLIENT span under the request's: the canary pod's span joins it.
+    let span = tracing::info_span!(
+        "mirror",
+        otel.kind = "client",
+        modelfleet.pod = %choice.pod.name,
+        modelfleet.revision = %choice.pod.revision,
+    );
+    let mut headers = crate::trace::to_pod(&job.headers, &span);
     headers.insert(MIRROR_HEADER, HeaderValue::from_static("1"));
     let copy = Copy {
         path: job.path.clone(),
@@ -87,9 +95,12 @@ pub fn launch(gw: &Arc<Gateway>, job: &Job, key: u64) {
     };
     let probe = Probe::new(gw.metrics.clone(), &d.id, &choice.pod, true);
     let gw = gw.clone();
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(MAX_DURATION, send(gw, choice.pod, copy, probe, permit)).await;
-    });
+    tokio::spawn(
+        async move {
+            let _ = tokio::time::timeout(MAX_DURATION, send(gw, choice.pod, copy, probe, permit)).await;
+        }
+        .instrument(span),
+    );
 }
 
 /// Sends the copy and reads its answer to the end, judging it.

@@ -28,6 +28,7 @@ use crate::revision::{Probe, status_ok};
 use crate::route::{Choice, choose, ready_deployment, wanted};
 use crate::state::Gateway;
 use crate::suspect::{Suspect, pod_gone, report};
+use crate::trace;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -36,6 +37,7 @@ use modelfleet_api::error::{ApiError, ApiErrorKind};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Response header naming the pod that served (`--pod-header`).
 pub const POD_HEADER: &str = "x-modelfleet-pod";
@@ -121,6 +123,7 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
     let mut tried: Vec<String> = Vec::new();
     let mut last: Option<Failure> = None;
     let mut resets = 0u32;
+    let mut previous: Option<String> = None;
     for attempt in 0..=gw.settings.retries {
         let d = match ready_deployment(&gw, &id, &model, pending_until).await {
             Ok(d) => d,
@@ -136,10 +139,19 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
         tried.push(choice.pod.name.clone());
         let inflight = gw.loads.start(&choice.pod.name);
         let mut probe = Probe::new(gw.metrics.clone(), &id, &choice.pod, false);
+        let span = trace::attempt_span(
+            attempt,
+            &choice.pod.name,
+            &choice.pod.revision,
+            choice.decision.label(),
+            previous.as_deref(),
+        );
         let sent = Instant::now();
-        let judged = match send(&gw, &job, &choice.pod).await {
-            Ok(resp) => judge(&gw, &job, &choice.pod, resp).await,
+        let judged = match send(&gw, &job, &choice.pod, &span).instrument(span.clone()).await {
+            Ok(resp) => judge(&gw, &job, &choice.pod, resp).instrument(span.clone()).await,
             Err(Sent::NotReached(why)) => {
+                trace::failed(&span, &format!("not reached: {why}"));
+                previous = Some("not_reached".into());
                 remember(&mut last, Failure::Transport(why));
                 continue;
             }
@@ -147,6 +159,7 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
             Err(Sent::Deadline) => Judged::Timeout,
         };
         judged.tell(&mut probe, sent);
+        previous = judged.trace(&span);
         match judged {
             Judged::Stream(resp, first) => {
                 return commit(gw.clone(), job, choice.pod, resp, first, inflight, probe);
@@ -296,12 +309,12 @@ enum Sent {
 }
 
 /// Sends the request to `pod` and waits for its response head.
-async fn send(gw: &Gateway, job: &Job, pod: &Pod) -> Result<reqwest::Response, Sent> {
+async fn send(gw: &Gateway, job: &Job, pod: &Pod, span: &tracing::Span) -> Result<reqwest::Response, Sent> {
     let url = format!("http://{}:{}{}", pod.ip, gw.settings.pod_port, job.path);
     let request = gw
         .client
         .post(url)
-        .headers(job.headers.clone())
+        .headers(trace::to_pod(&job.headers, span))
         .header(USAGE_HEADER, "1")
         .body(job.body.clone())
         .send();
@@ -351,6 +364,40 @@ impl Judged {
             }
             Judged::Retry(b) | Judged::Final(b) => probe.finish(status_ok(b.status)),
             Judged::Reset(_) | Judged::Timeout => probe.finish(false),
+        }
+    }
+
+    /// Writes the attempt's outcome on its span; returns why the next attempt is made, if one is.
+    fn trace(&self, span: &tracing::Span) -> Option<String> {
+        let status = |b: &Buffered| {
+            let code = error_code(&b.body).map(|c| format!(" {c}")).unwrap_or_default();
+            format!("status {}{code}", b.status.as_u16())
+        };
+        match self {
+            Judged::Stream(resp, _) => {
+                span.record("http.response.status_code", resp.status().as_u16());
+                span.record("modelfleet.outcome", "first_byte");
+                None
+            }
+            Judged::Final(b) => {
+                span.record("http.response.status_code", b.status.as_u16());
+                span.record("modelfleet.outcome", "answered");
+                None
+            }
+            Judged::Retry(b) => {
+                span.record("http.response.status_code", b.status.as_u16());
+                let why = status(b);
+                trace::failed(span, &why);
+                Some(why)
+            }
+            Judged::Reset(why) => {
+                trace::failed(span, &format!("reset: {why}"));
+                Some("reset".into())
+            }
+            Judged::Timeout => {
+                trace::failed(span, "deadline");
+                None
+            }
         }
     }
 }

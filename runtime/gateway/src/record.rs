@@ -2,12 +2,14 @@
 //! exactly once however the request ends — answered, failed mid-stream, or dropped by its client
 //! (`cancelled`, from `Drop`).
 //!
-//! Invariants: the log line carries deployment, tenant, pod, outcome, status and duration — never a
-//! key, a prompt or a body.
+//! Invariants: the log line carries deployment, tenant, pod, outcome, status, duration and the trace
+//! id — never a key, a prompt or a body. The request's span ([`crate::trace`]) lives as long as the
+//! record and ends with it, its outcome written by `finish`.
 
 use crate::metrics::Metrics;
 use std::sync::Arc;
 use std::time::Instant;
+use tracing::Span;
 
 /// The request being accounted for.
 pub struct Record {
@@ -23,12 +25,16 @@ pub struct Record {
     pub pod: String,
     /// Attempts on pods so far.
     pub attempts: u32,
+    /// The request's span.
+    pub span: Span,
+    /// Its trace id (empty: not traced).
+    pub trace_id: String,
     done: bool,
 }
 
 impl Record {
     /// A request that arrived at `arrival`.
-    pub fn new(metrics: Arc<Metrics>, arrival: Instant) -> Record {
+    pub fn new(metrics: Arc<Metrics>, arrival: Instant, span: Span, trace_id: String) -> Record {
         Record {
             metrics,
             arrival,
@@ -37,6 +43,8 @@ impl Record {
             tenant: String::new(),
             pod: String::new(),
             attempts: 0,
+            span,
+            trace_id,
             done: false,
         }
     }
@@ -56,7 +64,18 @@ impl Record {
                 &self.pod,
             ])
             .inc();
+        let span = &self.span;
+        span.record("modelfleet.outcome", outcome);
+        span.record("modelfleet.attempts", self.attempts);
+        span.record(modelfleet_telemetry::genai::POD, self.pod.as_str());
+        if let Ok(code) = outcome.parse::<u16>() {
+            span.record("http.response.status_code", code);
+        }
+        if outcome != "ok" {
+            span.record("otel.status_code", "error");
+        }
         tracing::info!(
+            trace_id = %self.trace_id,
             namespace = %self.namespace,
             model_deployment = %self.deployment,
             tenant = %self.tenant,

@@ -39,7 +39,7 @@ pub async fn ready_deployment(
     until: Instant,
 ) -> Result<Arc<Deployment>, ApiError> {
     let mut rx = gw.fleet.clone();
-    let mut waiting: Option<PendingGuard> = None;
+    let mut waiting: Option<(PendingGuard, tracing::Span)> = None;
     loop {
         let current = rx.borrow_and_update().deployments.get(id).cloned();
         match current {
@@ -48,7 +48,9 @@ pub async fn ready_deployment(
             Some(_) => {}
         }
         if waiting.is_none() {
-            waiting = Some(gw.pending.enter(id, model)?);
+            // The span lasts as long as the wait (scale from zero, or every pod gone).
+            let span = tracing::info_span!("wait_for_replica", gen_ai.request.model = %model);
+            waiting = Some((gw.pending.enter(id, model)?, span));
         }
         match tokio::time::timeout_at(until, rx.changed()).await {
             Ok(Ok(())) => continue,

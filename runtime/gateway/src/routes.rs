@@ -13,6 +13,7 @@ use crate::proxy::{self, Job, fail, upstream_headers};
 use crate::record::Record;
 use crate::request::peek;
 use crate::state::Gateway;
+use crate::trace;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -23,11 +24,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use modelfleet_api::error::{ApiError, ApiErrorKind};
 use modelfleet_api::tenants::bearer_token;
+use modelfleet_telemetry::genai;
 use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// The API router (what clients reach).
 pub fn api(gw: Arc<Gateway>) -> Router {
@@ -119,7 +122,12 @@ pub async fn read_body(
 
 async fn generate(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let arrival = Instant::now();
-    let mut record = Record::new(gw.metrics.clone(), arrival.into_std());
+    let (span, trace_id) = trace::request_span(req.method().as_str(), req.uri().path(), req.headers());
+    let record = Record::new(gw.metrics.clone(), arrival.into_std(), span.clone(), trace_id);
+    generate_in(gw, req, arrival, record).instrument(span).await
+}
+
+async fn generate_in(gw: Arc<Gateway>, req: Request, arrival: Instant, mut record: Record) -> Response {
     let (parts, body) = req.into_parts();
     let key = key_of(&parts.headers);
     // 1. Before the body: a key that belongs to nobody in scope ends here.
@@ -148,6 +156,12 @@ async fn generate(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     record.namespace = auth.deployment.id.namespace.clone();
     record.deployment = auth.deployment.id.name.clone();
     record.tenant = auth.tenant.id.clone();
+    record.span.record(genai::REQUEST_MODEL, routed.model.as_str());
+    record.span.record(genai::TENANT, auth.tenant.id.as_str());
+    record.span.record(
+        "modelfleet.deployment",
+        format!("{}/{}", record.namespace, record.deployment),
+    );
     // 3. The tenant's limits over the fleet: refused here, a request costs the pods nothing.
     let who = Who {
         namespace: auth.deployment.id.namespace.clone(),
@@ -159,6 +173,7 @@ async fn generate(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let lease = match gw
         .limiter
         .admit(who, &auth.tenant, prices, prompt_estimate(&body))
+        .instrument(tracing::info_span!("limits"))
         .await
     {
         Ok(l) => l,

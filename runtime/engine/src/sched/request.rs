@@ -61,6 +61,9 @@ pub struct Timings {
     pub finished: Instant,
     /// Times it was preempted (its KV freed and recomputed later).
     pub preemptions: u32,
+    /// Steps that computed part of its prompt, up to its first token (the prefill's chunks; more than
+    /// one when the prompt was longer than a step's budget, or shared steps with other requests').
+    pub prefill_steps: u32,
 }
 
 /// One generated token.

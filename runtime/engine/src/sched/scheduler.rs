@@ -426,6 +426,9 @@ impl Scheduler {
                 continue;
             };
             e.num_computed = s.start + s.len;
+            if e.timings.first_token.is_none() {
+                e.timings.prefill_steps += 1;
+            }
             if self.cfg.enable_prefix_caching {
                 e.extend_hashes(bs);
                 let full = (e.num_computed / bs).min(e.hashes.len());

@@ -184,6 +184,10 @@ impl Default for RuntimeMetrics {
         for c in collectors {
             m.registry.register(c).expect("unique metric names");
         }
+        let traces = modelfleet_telemetry::metrics::TraceMetrics::default();
+        m.registry
+            .register(Box::new(traces))
+            .expect("unique metric names");
         m
     }
 }

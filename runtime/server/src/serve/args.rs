@@ -284,4 +284,7 @@ pub struct ServeArgs {
     /// unless the flag is given explicitly).
     #[arg(long, env = "MODELFLEET_TERMINATION_LOG")]
     pub termination_log: Option<PathBuf>,
+    /// Logs and traces (docs/operations.md, "Traces").
+    #[command(flatten)]
+    pub telemetry: modelfleet_telemetry::TelemetryArgs,
 }

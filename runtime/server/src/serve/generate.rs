@@ -187,6 +187,7 @@ impl ChoiceOut {
                 t.text.clone()
             }
             RequestEvent::Finished(f) => {
+                super::trace::choice_finished(&st.served_name, f);
                 self.text.push_str(&f.text);
                 self.finished = Some(f.clone());
                 f.text.clone()

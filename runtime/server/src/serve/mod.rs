@@ -31,6 +31,7 @@ pub mod state;
 mod stream;
 mod structured;
 mod tools;
+mod trace;
 mod validate;
 
 pub use args::{
@@ -51,7 +52,10 @@ use std::time::Duration;
 
 /// Runs the server until SIGTERM; start-up failures exit non-zero with a termination message.
 pub fn run(args: ServeArgs) -> ExitCode {
-    crate::logging::init();
+    let telemetry = modelfleet_telemetry::init("modelfleet-runtime", &args.telemetry);
+    if let Some(w) = &telemetry.warning {
+        tracing::warn!("{w}");
+    }
     record_fatal_panics(args.termination_log.clone());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -64,7 +68,10 @@ pub fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args.clone())) {
+    let served = runtime.block_on(serve(args.clone()));
+    // The async workers are done: the export thread gets a bounded time for the last spans.
+    telemetry.shutdown(Duration::from_secs(3));
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let line = format!("{e:#}");

@@ -21,6 +21,7 @@ use modelfleet_api::limits::USAGE_HEADER;
 use modelfleet_engine::sampling::SampleOutput;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tracing::{Instrument, info_span};
 
 pub(super) fn unix_now() -> u64 {
     SystemTime::now()
@@ -78,6 +79,7 @@ async fn read_request<T: Send + 'static>(
 ) -> Result<(Arc<crate::tenants::Tenant>, T, Instant), ApiError> {
     let arrival = Instant::now();
     let tenant = st.authenticate(headers)?;
+    super::trace::tenant(&tenant.id);
     st.check_open(&tenant)?;
     let bytes = body::read(raw, st.body).await?;
     st.faults.check(&bytes, st.termination_log.as_deref());
@@ -119,7 +121,9 @@ pub async fn chat(
     raw: Body,
 ) -> Result<Response, ApiError> {
     let (tenant, req, arrival) = read_request(&st, &headers, raw, wire::parse_chat).await?;
-    let ValidChat { v, plan } = validate::chat(&st, tenant, &req, arrival).await?;
+    let ValidChat { v, plan } = validate::chat(&st, tenant, &req, arrival)
+        .instrument(info_span!("validate"))
+        .await?;
     let md = st.model().clone();
     let renders_tools = md.chat_template.as_ref().is_some_and(|t| t.renders_tools());
     let (messages, tools_value) = tools::messages(&plan, &req.messages, renders_tools);
@@ -129,12 +133,16 @@ pub async fn chat(
         add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
         kwargs: req.chat_template_kwargs.clone(),
     };
-    let prompt::ChatPrompt { ids, start } = prompt::chat(&st, input).await?;
+    let prompt::ChatPrompt { ids, start } = prompt::chat(&st, input)
+        .instrument(info_span!("tokenize"))
+        .await?;
     // A constrained answer is the constraint's from its first token (serve/reasoning.rs).
     let start = start.map(|s| s.constrained(v.base.constraint.is_some()));
     let specs = choice_specs(&st, vec![ids], v.base, v.n)?;
     let mut job = v.job;
-    job.adapter = generate::acquire_adapter(&st, &v.choice, &job).await?;
+    job.adapter = generate::acquire_adapter(&st, &v.choice, &job)
+        .instrument(info_span!("adapter"))
+        .await?;
     let running = generate::submit(&st, &job, specs)?;
     let id = format!("chatcmpl-{}", running[0].stream.id);
     let (with_logprobs, with_tools) = (v.logprobs.is_some(), plan.mode != ToolMode::None);
@@ -232,9 +240,13 @@ pub async fn completions(
     raw: Body,
 ) -> Result<Response, ApiError> {
     let (tenant, mut req, arrival) = read_request(&st, &headers, raw, wire::parse_completion).await?;
-    let v = validate::completions(&st, tenant, &req, arrival).await?;
+    let v = validate::completions(&st, tenant, &req, arrival)
+        .instrument(info_span!("validate"))
+        .await?;
     let wire_prompt = std::mem::replace(&mut req.prompt, Prompt::Texts(Vec::new()));
-    let prompts = prompt::completion(&st, wire_prompt, true).await?;
+    let prompts = prompt::completion(&st, wire_prompt, true)
+        .instrument(info_span!("tokenize"))
+        .await?;
     if prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::invalid(
             "prompt",
@@ -250,7 +262,9 @@ pub async fn completions(
     };
     let specs = choice_specs(&st, prompts, v.base, v.n)?;
     let mut job = v.job;
-    job.adapter = generate::acquire_adapter(&st, &v.choice, &job).await?;
+    job.adapter = generate::acquire_adapter(&st, &v.choice, &job)
+        .instrument(info_span!("adapter"))
+        .await?;
     let running = generate::submit(&st, &job, specs)?;
     let id = format!("cmpl-{}", running[0].stream.id);
     let (with_logprobs, field) = (v.logprobs.is_some(), v.constraint_field);

@@ -2,7 +2,7 @@
 //! `/detokenize`, `/openapi.json`, and `/metrics` (which the admin listener serves); the generation endpoints live in [`super::openai`].
 
 use super::state::AppState;
-use super::{body, openai, prompt};
+use super::{body, openai, prompt, trace};
 use crate::api::error::{ApiError, ApiErrorKind};
 use crate::api::response::{DetokenizeResponse, ModelCard, ModelList, TokenizeResponse};
 use crate::api::wire::ChatMessage as WireMessage;
@@ -11,6 +11,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::from_fn;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -20,8 +21,14 @@ use std::sync::atomic::Ordering;
 /// The API router.
 pub fn router(st: Arc<AppState>, max_body_bytes: usize) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(openai::chat))
-        .route("/v1/completions", post(openai::completions))
+        .route(
+            "/v1/chat/completions",
+            post(openai::chat).layer(from_fn(trace::traced)),
+        )
+        .route(
+            "/v1/completions",
+            post(openai::completions).layer(from_fn(trace::traced)),
+        )
         .route("/v1/embeddings", post(embeddings_on_a_generation_model))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))

@@ -84,7 +84,12 @@ pub async fn stream_response(
         flavor,
         failure: None,
     };
-    tokio::spawn(chunks.write(events, first, tx, usage));
+    // The writer carries the request's span: a choice's end is recorded under it.
+    let span = tracing::Span::current();
+    tokio::spawn(tracing::Instrument::instrument(
+        chunks.write(events, first, tx, usage),
+        span,
+    ));
     let body = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });

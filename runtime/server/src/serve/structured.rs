@@ -105,6 +105,15 @@ fn spec(what: Requested) -> ConstraintSpec {
 /// Compiles `c` (or takes it from the cache, or waits for the same constraint's compile under way) on a
 /// compile thread; errors are 400s naming its field.
 pub async fn compile(st: &AppState, c: RequestedConstraint) -> Result<Arc<CompiledGrammar>, ApiError> {
+    let span = tracing::info_span!("constraint", cache = tracing::field::Empty);
+    tracing::Instrument::instrument(compile_traced(st, c), span).await
+}
+
+/// [`compile`], inside its `constraint` span (whose `cache` says `hit`, `joined` or `compiled`).
+async fn compile_traced(st: &AppState, c: RequestedConstraint) -> Result<Arc<CompiledGrammar>, ApiError> {
+    let cache = |how: &str| {
+        tracing::Span::current().record("cache", how);
+    };
     let field = c.field;
     let compiler = st
         .grammars
@@ -113,12 +122,14 @@ pub async fn compile(st: &AppState, c: RequestedConstraint) -> Result<Arc<Compil
         .clone();
     let spec = spec(c.what);
     if let Some(hit) = compiler.grammars.lookup(&spec) {
+        cache("hit");
         return Ok(hit);
     }
     let refused = |m: &str| ApiError::invalid(&field, format!("`{field}`: {m}"));
     let lead = match compiler.inflight.join(spec.key()) {
         Ok(lead) => Some(lead),
         Err(follow) => {
+            cache("joined");
             // A little past the leader's own budget, so that its verdict, even "too slow", comes first.
             match follow.verdict(COMPILE_BUDGET + Duration::from_millis(250)).await {
                 Some(Verdict::Ready(g)) => return Ok(g),
@@ -131,6 +142,7 @@ pub async fn compile(st: &AppState, c: RequestedConstraint) -> Result<Arc<Compil
             }
         }
     };
+    cache("compiled");
     match compile_now(&compiler, spec).await {
         Ok(g) => {
             if let Some(lead) = lead {

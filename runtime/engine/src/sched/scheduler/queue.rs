@@ -58,6 +58,7 @@ impl Scheduler {
                 first_token: None,
                 finished: arrival,
                 preemptions: 0,
+                prefill_steps: 0,
             },
         };
         let tenant = entry.tenant.clone();

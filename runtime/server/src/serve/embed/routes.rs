@@ -31,7 +31,10 @@ use std::time::Instant;
 /// The API router.
 pub fn api(st: Arc<EmbedState>, max_body_bytes: usize) -> Router {
     Router::new()
-        .route("/v1/embeddings", post(embeddings))
+        .route(
+            "/v1/embeddings",
+            post(embeddings).layer(axum::middleware::from_fn(crate::serve::trace::traced)),
+        )
         .route("/v1/chat/completions", post(generation))
         .route("/v1/completions", post(generation))
         .route("/v1/models", get(models))
