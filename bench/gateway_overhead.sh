@@ -10,6 +10,9 @@
 #   bench/gateway_overhead.sh                       # PAIRS=5 CLIENTS=1,64 PHASE_SECONDS=3
 #   STREAM=1 bench/gateway_overhead.sh              # SSE answers (4 events) instead of one JSON body
 #   EXTRA="--log-file none" bench/gateway_overhead.sh   # without the gateway's request log
+#   EXTRA="--traces http://127.0.0.1:4318" bench/gateway_overhead.sh   # every request traced, exported
+#                                                   # to that collector (no request log: compare with
+#                                                   # EXTRA="--log-file none"; bench/traces.sh starts one)
 #
 # Client, gateway and upstream share the machine's cores (three tokio runtimes of 2 workers each in
 # one process). Runs under `flock /tmp/mf-bench.lock` so two benchmarks never share the cores.

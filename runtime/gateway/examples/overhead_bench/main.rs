@@ -55,6 +55,10 @@ struct Args {
     /// Where the gateway's request log goes (`none`: no log subscriber at all).
     #[arg(long, default_value = "/dev/null")]
     log_file: String,
+    /// Export the gateway's spans (every request traced) to this OTLP/HTTP collector; the request log
+    /// lines then go nowhere (compare with `--log-file none`).
+    #[arg(long)]
+    traces: Option<String>,
 }
 
 /// The gateway's flags at their defaults (their env twins apply), as `modelfleet-gateway run` sees them.
@@ -115,7 +119,22 @@ fn loadavg() -> String {
 fn main() {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    install_log(&args.log_file);
+    let telemetry = args.traces.as_ref().map(|endpoint| {
+        // SAFETY: set before any other thread of this process starts.
+        unsafe { std::env::set_var("RUST_LOG", "off") };
+        modelfleet_telemetry::init(
+            "modelfleet-gateway",
+            &modelfleet_telemetry::TelemetryArgs {
+                otlp_traces_endpoint: Some(endpoint.clone()),
+                trace_sample_ratio: Some(1.0),
+                trace_queue: 4096,
+                ..Default::default()
+            },
+        )
+    });
+    if telemetry.is_none() {
+        install_log(&args.log_file);
+    }
     let up_rt = runtime("upstream", args.workers);
     let gw_rt = runtime("gateway", args.workers);
     let client_rt = runtime("clients", args.workers);
@@ -300,6 +319,17 @@ fn main() {
     }
     println!();
     println!("load average at the end {}", loadavg());
+    if let Some(t) = telemetry {
+        t.shutdown(std::time::Duration::from_secs(3));
+        let c = modelfleet_telemetry::counters();
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        println!(
+            "spans exported {}, dropped {}, failed batches {}",
+            n(&c.exported),
+            n(&c.dropped),
+            n(&c.failed_batches)
+        );
+    }
     drop(fleet_tx);
     if failed > 0 {
         eprintln!("overhead_bench: {failed} requests failed");
