@@ -23,7 +23,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 need=()
 for pair in openssl:openssl curl:curl pkill:procps ip:iproute2 nsenter:util-linux buildah:buildah \
   skopeo:skopeo umoci:umoci runc:runc docker-registry:docker-registry iptables:iptables \
-  conntrack:conntrack gcc:gcc redis-server:redis-server mold:mold; do
+  conntrack:conntrack gcc:gcc strip:binutils redis-server:redis-server mold:mold; do
   command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)

@@ -74,6 +74,136 @@ async fn pod_named(pods: &Api<Pod>, name: &str) -> Pod {
     pods.get(name).await.unwrap()
 }
 
+/// A ModelDeployment of the tiny model on 2 replicas in `ns`, both Ready; its served name.
+async fn two_replicas(ns: &str, pods: &Api<Pod>) -> String {
+    let (dir, digest) = tiny_model(ns);
+    let served = format!("traced-{ns}");
+    let md = format!(
+        "apiVersion: modelfleet.io/v1alpha1\nkind: ModelDeployment\nmetadata:\n  name: traced\nspec:\n  model:\n    \
+         uri: file://{}\n    digest: \"{digest}\"\n    servedName: {served}\n  replicas: 2\n  runtime:\n    threads: 1\n  \
+         autoscaling:\n    mode: Disabled\n",
+        dir.display()
+    );
+    kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(&md));
+    wait_until("2 Ready pods", Duration::from_secs(180), || async {
+        (ready_pods(pods, "traced").await.len() == 2).then_some(())
+    })
+    .await;
+    served
+}
+
+/// The gateway's spans: its SERVER span under the caller's, with who and what, a `limits` span and two
+/// attempts — on the killed pod `first`, failed; on `second`, naming why. (gateway, attempt 0, attempt 1)
+fn gateway_spans<'t>(t: &'t Trace, caller: &str, served: &str, first: &str, second: &str) -> [&'t Span; 3] {
+    let gw = t.children_of(caller);
+    let [gw] = gw.as_slice() else {
+        panic!("one gateway span under the caller: {gw:?}")
+    };
+    assert_eq!(
+        (gw.service.as_str(), gw.operation.as_str(), gw.kind().as_deref()),
+        ("modelfleet-gateway", "POST /v1/chat/completions", Some("server"))
+    );
+    assert_eq!(gw.tag("gen_ai.request.model").as_deref(), Some(served));
+    assert_eq!(gw.tag("modelfleet.outcome").as_deref(), Some("ok"));
+    assert_eq!(gw.tag("modelfleet.pod").as_deref(), Some(second));
+    assert!(gw.tag("modelfleet.tenant").is_some(), "{:?}", gw.tags);
+    let children = t.children_of(&gw.span_id);
+    assert_eq!(children.iter().filter(|s| s.operation == "limits").count(), 1);
+    let mut attempts: Vec<_> = children
+        .into_iter()
+        .filter(|s| s.operation == "attempt")
+        .collect();
+    attempts.sort_by_key(|s| s.tag("modelfleet.attempt"));
+    let [a0, a1] = attempts.as_slice() else {
+        panic!("two attempts: {attempts:?}")
+    };
+    assert_eq!(a0.tag("modelfleet.pod").as_deref(), Some(first));
+    assert!(
+        a0.is_error(),
+        "the attempt on the killed pod failed: {:?}",
+        a0.tags
+    );
+    assert_eq!(a1.tag("modelfleet.pod").as_deref(), Some(second));
+    assert!(!a1.is_error(), "{:?}", a1.tags);
+    let why = a1.tag("modelfleet.retry.reason").unwrap_or_default();
+    assert!(
+        why == "not_reached" || why == "reset",
+        "the retry names why: {why:?}"
+    );
+    assert_eq!(a1.tag("http.response.status_code").as_deref(), Some("200"));
+    assert!(
+        t.children_of(&a0.span_id).is_empty(),
+        "nothing ran on the killed pod"
+    );
+    [gw, a0, a1]
+}
+
+/// The runtime's SERVER span under `attempt` (on pod `pod`), with the GenAI attributes and the
+/// engine's phases in order. (runtime, queue, prefill, decode)
+fn runtime_spans<'t>(t: &'t Trace, attempt: &Span, pod: &str, chunks: usize) -> [&'t Span; 4] {
+    let rt = t.children_of(&attempt.span_id);
+    let [rt] = rt.as_slice() else {
+        panic!("one runtime span under the second attempt: {rt:?}")
+    };
+    assert_eq!(
+        (rt.service.as_str(), rt.operation.as_str()),
+        ("modelfleet-runtime", "POST /v1/chat/completions")
+    );
+    assert_eq!(
+        rt.resource.get("k8s.pod.name").and_then(|v| v.as_str()),
+        Some(pod)
+    );
+    assert_eq!(rt.tag("gen_ai.operation.name").as_deref(), Some("chat"));
+    let out: usize = rt
+        .tag("gen_ai.usage.output_tokens")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        out >= chunks && out > 0,
+        "output tokens {out} (≥ {chunks} content chunks)"
+    );
+    assert!(rt.tag("gen_ai.latency.time_to_first_token").is_some());
+    let phases = t.children_of(&rt.span_id);
+    let phase = |name: &str| {
+        *phases
+            .iter()
+            .find(|s| s.operation == name)
+            .unwrap_or_else(|| panic!("a {name} span under the runtime's: {phases:?}"))
+    };
+    let (queue, prefill, decode) = (phase("queue"), phase("prefill"), phase("decode"));
+    assert!(queue.end_us() <= prefill.start_us + 1 && prefill.end_us() <= decode.start_us + 1);
+    assert!(prefill.tag("modelfleet.prefill_steps").is_some_and(|s| s != "0"));
+    for name in ["validate", "tokenize"] {
+        phase(name);
+    }
+    [rt, queue, prefill, decode]
+}
+
+/// The operator's reconciles are spans too, with what they decided (here: 2 replicas).
+async fn reconciles_are_traced() {
+    let reconciles = wait_until(
+        "the operator's reconcile spans",
+        Duration::from_secs(60),
+        || async {
+            let traces = find_traces("modelfleet-operator", Some("reconciling object")).await;
+            let decided: Vec<Span> = traces
+                .into_iter()
+                .flat_map(|t| t.spans)
+                .filter(|s| s.tag("modelfleet.replicas.desired").as_deref() == Some("2"))
+                .collect();
+            (!decided.is_empty()).then_some(decided)
+        },
+    )
+    .await;
+    assert!(
+        reconciles.iter().any(|s| s
+            .tag("modelfleet.conditions")
+            .is_some_and(|c| c.contains("Ready="))),
+        "{:?}",
+        reconciles[0].tags
+    );
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster: make e2e"]
 async fn one_trace_from_the_caller_through_the_gateway_retry_and_the_pod() {
@@ -81,19 +211,7 @@ async fn one_trace_from_the_caller_through_the_gateway_retry_and_the_pod() {
     ensure_operator().await;
     let ns = TestNamespace::new("traces");
     let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
-    let (dir, digest) = tiny_model(&ns.name);
-    let served = format!("traced-{}", ns.name);
-    let md = format!(
-        "apiVersion: modelfleet.io/v1alpha1\nkind: ModelDeployment\nmetadata:\n  name: traced\nspec:\n  model:\n    \
-         uri: file://{}\n    digest: \"{digest}\"\n    servedName: {served}\n  replicas: 2\n  runtime:\n    threads: 1\n  \
-         autoscaling:\n    mode: Disabled\n",
-        dir.display()
-    );
-    kubectl_ok(&["apply", "-n", &ns.name, "-f", "-"], Some(&md));
-    wait_until("2 Ready pods", Duration::from_secs(180), || async {
-        (ready_pods(&pods, "traced").await.len() == 2).then_some(())
-    })
-    .await;
+    let served = two_replicas(&ns.name, &pods).await;
     let http = gateway(Duration::from_secs(60));
     let prompt = format!("trace this request {}", ns.name);
     let first = wait_until(
@@ -126,92 +244,8 @@ async fn one_trace_from_the_caller_through_the_gateway_retry_and_the_pod() {
         (root.operation.as_str(), root.service.as_str()),
         ("caller", "e2e-caller")
     );
-
-    // The gateway: a SERVER span under the caller's, with who and what, and its children.
-    let gw = t.children_of(&caller);
-    let [gw] = gw.as_slice() else {
-        panic!("one gateway span under the caller: {gw:?}")
-    };
-    assert_eq!(gw.service, "modelfleet-gateway");
-    assert_eq!(gw.operation, "POST /v1/chat/completions");
-    assert_eq!(gw.kind().as_deref(), Some("server"));
-    assert_eq!(gw.tag("gen_ai.request.model").as_deref(), Some(served.as_str()));
-    assert_eq!(gw.tag("modelfleet.outcome").as_deref(), Some("ok"));
-    assert_eq!(gw.tag("modelfleet.pod").as_deref(), Some(second.as_str()));
-    assert!(gw.tag("modelfleet.tenant").is_some(), "{:?}", gw.tags);
-    assert_eq!(
-        t.children_of(&gw.span_id)
-            .iter()
-            .filter(|s| s.operation == "limits")
-            .count(),
-        1
-    );
-    let mut attempts: Vec<_> = t
-        .children_of(&gw.span_id)
-        .into_iter()
-        .filter(|s| s.operation == "attempt")
-        .collect();
-    attempts.sort_by_key(|s| s.tag("modelfleet.attempt"));
-    let [a0, a1] = attempts.as_slice() else {
-        panic!("two attempts: {attempts:?}")
-    };
-    assert_eq!(a0.tag("modelfleet.pod").as_deref(), Some(first.as_str()));
-    assert!(
-        a0.is_error(),
-        "the attempt on the killed pod failed: {:?}",
-        a0.tags
-    );
-    assert_eq!(a1.tag("modelfleet.pod").as_deref(), Some(second.as_str()));
-    assert!(!a1.is_error(), "{:?}", a1.tags);
-    let why = a1.tag("modelfleet.retry.reason").unwrap_or_default();
-    assert!(
-        why == "not_reached" || why == "reset",
-        "the retry names why: {why:?}"
-    );
-    assert_eq!(a1.tag("http.response.status_code").as_deref(), Some("200"));
-
-    // The runtime: its SERVER span is the second attempt's child, with the engine's phases.
-    let rt = t.children_of(&a1.span_id);
-    let [rt] = rt.as_slice() else {
-        panic!("one runtime span under the second attempt: {rt:?}")
-    };
-    assert_eq!(
-        (rt.service.as_str(), rt.operation.as_str()),
-        ("modelfleet-runtime", "POST /v1/chat/completions")
-    );
-    assert_eq!(
-        rt.resource.get("k8s.pod.name").and_then(|v| v.as_str()),
-        Some(second.as_str())
-    );
-    assert!(
-        t.children_of(&a0.span_id).is_empty(),
-        "nothing ran on the killed pod"
-    );
-    assert_eq!(rt.tag("gen_ai.operation.name").as_deref(), Some("chat"));
-    let out: usize = rt
-        .tag("gen_ai.usage.output_tokens")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        out >= chunks && out > 0,
-        "output tokens {out} (≥ {chunks} content chunks)"
-    );
-    assert!(rt.tag("gen_ai.latency.time_to_first_token").is_some());
-    let phases = t.children_of(&rt.span_id);
-    let phase = |name: &str| {
-        *phases
-            .iter()
-            .find(|s| s.operation == name)
-            .unwrap_or_else(|| panic!("a {name} span under the runtime's: {phases:?}"))
-    };
-    let (queue, prefill, decode) = (phase("queue"), phase("prefill"), phase("decode"));
-    assert!(queue.end_us() <= prefill.start_us + 1 && prefill.end_us() <= decode.start_us + 1);
-    assert!(prefill.tag("modelfleet.prefill_steps").is_some_and(|s| s != "0"));
-    assert!(
-        ["validate", "tokenize"]
-            .iter()
-            .all(|n| phases.iter().any(|s| s.operation == *n))
-    );
+    let [gw, a0, a1] = gateway_spans(&t, &caller, &served, &first, &second);
+    let [rt, queue, prefill, decode] = runtime_spans(&t, a1, &second, chunks);
     // A stream's spans end with the stream: after its last token.
     assert!(
         rt.end_us() >= decode.end_us(),
@@ -238,44 +272,13 @@ async fn one_trace_from_the_caller_through_the_gateway_retry_and_the_pod() {
         "the gateway's log line with the trace id",
         Duration::from_secs(30),
         || async {
-            let logs = kubectl(
-                &[
-                    "logs",
-                    "-n",
-                    OPERATOR_NS,
-                    "-l",
-                    "app.kubernetes.io/name=modelfleet-gateway",
-                    "--tail=-1",
-                ],
-                None,
-            );
+            let selector = "app.kubernetes.io/name=modelfleet-gateway";
+            let logs = kubectl(&["logs", "-n", OPERATOR_NS, "-l", selector, "--tail=-1"], None);
             String::from_utf8_lossy(&logs.stdout)
                 .contains(&trace_id)
                 .then_some(())
         },
     )
     .await;
-
-    // The operator's reconciles are spans too, with what they decided.
-    let reconciles = wait_until(
-        "the operator's reconcile spans",
-        Duration::from_secs(60),
-        || async {
-            let traces = find_traces("modelfleet-operator", Some("reconciling object")).await;
-            let decided: Vec<Span> = traces
-                .into_iter()
-                .flat_map(|t| t.spans)
-                .filter(|s| s.tag("modelfleet.replicas.desired").as_deref() == Some("2"))
-                .collect();
-            (!decided.is_empty()).then_some(decided)
-        },
-    )
-    .await;
-    assert!(
-        reconciles.iter().any(|s| s
-            .tag("modelfleet.conditions")
-            .is_some_and(|c| c.contains("Ready="))),
-        "{:?}",
-        reconciles[0].tags
-    );
+    reconciles_are_traced().await;
 }
