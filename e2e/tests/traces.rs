@@ -246,6 +246,13 @@ async fn one_trace_from_the_caller_through_the_gateway_retry_and_the_pod() {
     );
     let [gw, a0, a1] = gateway_spans(&t, &caller, &served, &first, &second);
     let [rt, queue, prefill, decode] = runtime_spans(&t, a1, &second, chunks);
+    eprintln!(
+        "ends (µs since the epoch): gateway {}, attempt 1 {}, runtime {}, decode {}",
+        gw.end_us(),
+        a1.end_us(),
+        rt.end_us(),
+        decode.end_us()
+    );
     // A stream's spans end with the stream: after its last token.
     assert!(
         rt.end_us() >= decode.end_us(),

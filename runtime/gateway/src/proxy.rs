@@ -633,44 +633,52 @@ fn commit(
     if state.remaining == Some(0) {
         state.complete();
     }
-    let body = futures::stream::unfold(state, move |mut s| async move {
-        if s.done {
-            return None;
-        }
-        if let Some(first) = s.first.take()
-            && !first.is_empty()
-        {
-            s.passed(&first);
-            return Some((Ok(first), s));
-        }
-        match tokio::time::timeout(s.idle, s.resp.chunk()).await {
-            Ok(Ok(Some(chunk))) => {
-                s.passed(&chunk);
-                Some((Ok(chunk), s))
-            }
-            Ok(Ok(None)) => {
-                s.complete();
-                None
-            }
-            failed => {
-                let why = match failed {
-                    Ok(Err(e)) => {
-                        s.origin.check_pod(&s.record.namespace, &s.record.deployment);
-                        error_chain(&e)
-                    }
-                    _ => format!("no data for {:?}", s.idle),
-                };
-                s.done = true;
-                s.probe.finish(false);
-                s.record.finish("stream_error");
-                if s.sse {
-                    Some((Ok(stream_error(&why)), s))
-                } else {
-                    Some((Err(std::io::Error::other(why)), s))
-                }
-            }
-        }
+    // Each poll runs inside the request's span: a span ends when it is last exited (tracing-opentelemetry),
+    // so the request's span ends with the stream, not at its first byte.
+    let body = futures::stream::unfold(state, move |s| {
+        let span = s.record.span.clone();
+        next_chunk(s).instrument(span)
     });
     head.body(Body::from_stream(body))
         .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
+}
+
+/// The next chunk of a committed answer for the client, and the state after it.
+async fn next_chunk(mut s: Streaming) -> Option<(Result<Bytes, std::io::Error>, Streaming)> {
+    if s.done {
+        return None;
+    }
+    if let Some(first) = s.first.take()
+        && !first.is_empty()
+    {
+        s.passed(&first);
+        return Some((Ok(first), s));
+    }
+    match tokio::time::timeout(s.idle, s.resp.chunk()).await {
+        Ok(Ok(Some(chunk))) => {
+            s.passed(&chunk);
+            Some((Ok(chunk), s))
+        }
+        Ok(Ok(None)) => {
+            s.complete();
+            None
+        }
+        failed => {
+            let why = match failed {
+                Ok(Err(e)) => {
+                    s.origin.check_pod(&s.record.namespace, &s.record.deployment);
+                    error_chain(&e)
+                }
+                _ => format!("no data for {:?}", s.idle),
+            };
+            s.done = true;
+            s.probe.finish(false);
+            s.record.finish("stream_error");
+            if s.sse {
+                Some((Ok(stream_error(&why)), s))
+            } else {
+                Some((Err(std::io::Error::other(why)), s))
+            }
+        }
+    }
 }
