@@ -92,6 +92,31 @@ async fn two_replicas(ns: &str, pods: &Api<Pod>) -> String {
     served
 }
 
+/// A prompt and the pod the gateway sends it to, once the gateway has answered from both pods (so
+/// both are in its view).
+async fn prompt_and_its_pod(served: &str, tag: &str) -> (String, String) {
+    let http = gateway(Duration::from_secs(60));
+    wait_until(
+        "the gateway to answer from both pods",
+        Duration::from_secs(120),
+        || async {
+            let mut seen: Vec<(String, String)> = Vec::new();
+            for i in 0..24 {
+                let prompt = format!("trace this request {tag} {i}");
+                let (status, pod, _) = chat(&http, None, served, &prompt, 2).await.ok()?;
+                if status == 200 && !seen.iter().any(|(_, p)| *p == pod) {
+                    seen.push((prompt, pod));
+                }
+                if seen.len() == 2 {
+                    return seen.into_iter().next();
+                }
+            }
+            None
+        },
+    )
+    .await
+}
+
 /// The gateway's spans: its SERVER span under the caller's, with who and what, a `limits` span and two
 /// attempts — on the killed pod `first`, failed; on `second`, naming why. (gateway, attempt 0, attempt 1)
 fn gateway_spans<'t>(t: &'t Trace, caller: &str, served: &str, first: &str, second: &str) -> [&'t Span; 3] {
@@ -212,33 +237,36 @@ async fn one_trace_from_the_caller_through_the_gateway_retry_and_the_pod() {
     let ns = TestNamespace::new("traces");
     let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
     let served = two_replicas(&ns.name, &pods).await;
-    let http = gateway(Duration::from_secs(60));
-    let prompt = format!("trace this request {}", ns.name);
-    let first = wait_until(
-        "the gateway to serve the model",
-        Duration::from_secs(60),
-        || async {
-            let (status, pod, _) = chat(&http, None, &served, &prompt, 2).await.ok()?;
-            (status == 200).then_some(pod)
-        },
-    )
-    .await;
-
-    // The pod the prompt's affinity picks loses its runtime; the traced request goes there first.
-    let trace_id = random_hex(16);
-    let caller = random_hex(8);
-    let start = unix_ns();
-    sigkill_container(&pod_named(&pods, &first).await, "runtime");
-    let (second, chunks) = traced_stream(&served, &prompt, &format!("00-{trace_id}-{caller}-01")).await;
-    export_caller_span(&trace_id, &caller, start, unix_ns()).await;
-    assert_ne!(second, first, "the request was retried on the other pod");
-
-    let t = wait_trace(
-        &trace_id,
-        "the caller's, the gateway's and the runtime's spans",
-        |t| !t.spans_named("decode").is_empty() && !t.spans_named("caller").is_empty(),
-    )
-    .await;
+    // Until a traced request is seen going to the killed pod first (the gateway may not try it at all
+    // when its view already dropped the pod): up to 3 tries, each with both pods Ready and known.
+    let mut tried = None;
+    for round in 0..3 {
+        let (prompt, first) = prompt_and_its_pod(&served, &format!("{} {round}", ns.name)).await;
+        let trace_id = random_hex(16);
+        let caller = random_hex(8);
+        let start = unix_ns();
+        sigkill_container(&pod_named(&pods, &first).await, "runtime");
+        let (second, chunks) = traced_stream(&served, &prompt, &format!("00-{trace_id}-{caller}-01")).await;
+        export_caller_span(&trace_id, &caller, start, unix_ns()).await;
+        assert_ne!(second, first, "the request was answered by the other pod");
+        let t = wait_trace(
+            &trace_id,
+            "the caller's, the gateway's and the runtime's spans",
+            |t| !t.spans_named("decode").is_empty() && !t.spans_named("caller").is_empty(),
+        )
+        .await;
+        if t.spans_named("attempt").len() > 1 {
+            tried = Some((t, trace_id, caller, first, second, chunks));
+            break;
+        }
+        eprintln!("round {round}: the gateway did not try {first} (out of its view already); again");
+        wait_until("2 Ready pods again", Duration::from_secs(180), || async {
+            (ready_pods(&pods, "traced").await.len() == 2).then_some(())
+        })
+        .await;
+    }
+    let (t, trace_id, caller, first, second, chunks) =
+        tried.expect("a traced request tried the killed pod first");
     let root = t.root().expect("a root span");
     assert_eq!(
         (root.operation.as_str(), root.service.as_str()),
