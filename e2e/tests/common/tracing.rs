@@ -425,33 +425,3 @@ pub async fn find_traces_tagged(service: &str, operation: Option<&str>, tags: &[
     };
     data.as_array().into_iter().flatten().map(parse_trace).collect()
 }
-
-/// The operations (span names) Jaeger has spans of `service` with.
-pub async fn operations(service: &str) -> Vec<String> {
-    let Some(data) = query(&format!("/api/services/{service}/operations"), &[]).await else {
-        return Vec::new();
-    };
-    let mut v: Vec<String> = data
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str().map(str::to_string))
-        .collect();
-    v.sort();
-    v
-}
-
-/// The services Jaeger has spans of.
-pub async fn services() -> Vec<String> {
-    let Some(data) = query("/api/services", &[]).await else {
-        return Vec::new();
-    };
-    let mut v: Vec<String> = data
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str().map(str::to_string))
-        .collect();
-    v.sort();
-    v
-}
