@@ -306,17 +306,22 @@ async fn adapters_load_serve_follow_scale_refuse_bad_bytes_and_unload() {
     wait_loaded(&loras, "tone-v1", 2).await;
     let both = ready_pods(&pods, "base").await;
     assert_eq!(both.len(), 2, "{both:?}");
-    // Nothing changes, so nothing is written: the status of a loaded adapter does not tick.
+    // Nothing changes, so nothing is written: the status of a loaded adapter does not tick. Every
+    // new resourceVersion seen must carry a different status (a pod that really changed, say its
+    // readiness on a loaded machine, is a change to report; a write of the same status is not).
     let steady = std::time::Instant::now();
-    let mut versions = std::collections::BTreeSet::new();
+    let mut seen: Vec<(Option<String>, Value)> = Vec::new();
     while steady.elapsed() < Duration::from_secs(8) {
-        versions.insert(loras.get("sql").await.unwrap().metadata.resource_version);
+        let a = loras.get("sql").await.unwrap();
+        let status = serde_json::to_value(&a.status).unwrap();
+        if seen.last().is_none_or(|(v, _)| *v != a.metadata.resource_version) {
+            seen.push((a.metadata.resource_version, status));
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    assert_eq!(
-        versions.len(),
-        1,
-        "sql was rewritten while nothing changed: {versions:?}"
+    assert!(
+        seen.len() <= 3 && seen.windows(2).all(|w| w[0].1 != w[1].1),
+        "sql was rewritten while nothing changed (at most a pod's flap out and back is news): {seen:#?}"
     );
     let status_pods: Vec<&str> = sql
         .status
@@ -410,11 +415,13 @@ async fn adapters_load_serve_follow_scale_refuse_bad_bytes_and_unload() {
         None,
     );
     assert!(loras.get_opt("tone-v1").await.unwrap().is_none());
+    // tone-v1's bytes are gone from every pod. The name may already be tone-v2's (the sql bytes) in
+    // any state: the operator starts loading it as soon as tone-v1 goes (a CI run saw `loading`).
     for (pod, ip) in &both {
         let listed = admin_list(ip, &token).await;
         assert!(
-            !listed.contains_key("tone") || serves(&listed, "tone", &sql_digest),
-            "{pod}: {listed:?}"
+            listed.get("tone").is_none_or(|(digest, _)| *digest == sql_digest),
+            "{pod} still has tone-v1's bytes: {listed:?}"
         );
     }
     // tone-v2 (the sql bytes) now owns the name and is loaded in its place.
