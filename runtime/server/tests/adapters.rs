@@ -121,10 +121,7 @@ fn listed(s: &common::Server) -> Vec<(String, String)> {
 
 fn metric(s: &common::Server, prefix: &str) -> f64 {
     let (_, text) = http(s.admin_port, "GET", "/metrics", &[], "");
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::metric_sum(&text, prefix)
 }
 
 /// Flips one byte in the middle of `file`, in place (hard links see it too).

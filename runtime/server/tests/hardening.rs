@@ -34,11 +34,7 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
+    common::client(Duration::from_secs(120))
 }
 
 /// Sends `POST path` with a `len`-byte body announced, the first chunk of it, then reads the status

@@ -4,27 +4,17 @@
 
 mod common;
 
+use common::metric_sum as metric;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
+    common::client(Duration::from_secs(60))
 }
 
 fn chat(max_tokens: u32, stream: bool) -> serde_json::Value {
     serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": "hello"}],
         "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true, "stream": stream})
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

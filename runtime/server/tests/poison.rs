@@ -27,11 +27,7 @@ fn tenants(dir: &std::path::Path) -> Vec<String> {
 }
 
 fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
+    common::client(Duration::from_secs(30))
 }
 
 /// A completion constrained by `field` = `value` (a `structured_outputs` field, or a top-level one).

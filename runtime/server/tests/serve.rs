@@ -10,11 +10,7 @@ use std::time::{Duration, Instant};
 static TIMING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
+    common::client(Duration::from_secs(120))
 }
 
 fn rss_kib(pid: u32) -> u64 {

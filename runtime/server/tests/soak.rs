@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::metric_sum as metric;
 use modelfleet_runtime::gen_adapter::gen_adapter;
 use rand::{Rng, RngExt, SeedableRng};
 use serde_json::{Value, json};
@@ -63,13 +64,6 @@ fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap()
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && (l.len() == name.len() || l[name.len()..].starts_with(['{', ' '])))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// What a request ended as: `Ok` kinds are answers, the rest documented errors; `Bad` fails the test.

@@ -6,23 +6,13 @@
 
 mod common;
 
+use common::metric_sum as metric;
 use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::client(Duration::from_secs(60))
 }
 
 /// Sends `n` chat completions (every other one streamed) with a `traceparent` each; all must be 200.

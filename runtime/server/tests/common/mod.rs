@@ -255,3 +255,21 @@ pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body:
     let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
     (status, body)
 }
+
+/// An HTTP client for the tests (the ring TLS provider installed, as the server's own is).
+pub fn client(timeout: Duration) -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder().timeout(timeout).build().unwrap()
+}
+
+/// The sum of a series' samples in a Prometheus text page: `series` is a metric name (every label set
+/// counts, other metrics that merely start with it do not) or a name and the start of its labels
+/// (`name{adapter="a1"`).
+pub fn metric_sum(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with(series) && (series.contains('{') || l[series.len()..].starts_with(['{', ' ']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
