@@ -21,6 +21,7 @@
 
 pub mod autoscaling;
 pub mod common;
+pub mod fallback;
 pub mod lora_adapter;
 pub mod model_deployment;
 pub mod model_source;
@@ -30,6 +31,7 @@ pub mod rollout;
 pub mod starting;
 
 pub use common::{DIGEST_PATTERN, condition_types};
+pub use fallback::{FallbackSpec, FallbackTarget, FallbackTrigger};
 pub use lora_adapter::{LoraAdapter, LoraAdapterSpec, LoraAdapterStatus};
 pub use model_deployment::{ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus};
 

@@ -7,6 +7,7 @@
 
 pub use crate::autoscaling::{Objectives, ObjectivesStatus, ScheduleWindow};
 use crate::common::{DIGEST_PATTERN, SecretKeyRef};
+pub use crate::fallback::{FallbackSpec, FallbackTarget, FallbackTrigger};
 pub use crate::model_source::{
     Delivery, ModelSource, ObjectRef, OciSettings, PublicKeyRef, S3Settings, VerifySpec,
 };
@@ -82,6 +83,11 @@ pub struct ModelDeploymentSpec {
     /// rolling update, or canary steps judged on live metrics with automatic rollback.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutSpec>,
+    /// Where the fleet gateway sends a request this deployment cannot start in time: other
+    /// ModelDeployments, in order, each for the triggers it lists. Requests move only before the first
+    /// byte of their answer, and never further than one list (a fallback's own fallbacks are not used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<FallbackSpec>,
 }
 
 /// The price of serving: per replica-hour for `status.capacity`, per million tokens for what tenants

@@ -52,7 +52,7 @@ for line in sys.stdin:
 # side (they wait on pods far more than they compute; the lanes about even, 350 and 410 s here). A
 # scenario this list does not name runs alone, at the end.
 alone_first=(autoscaling)
-lane_a=(rollout rollout_affinity crds images families traces)
+lane_a=(rollout rollout_affinity crds images families traces fallback)
 lane_b=(delivery capacity gateway gateway_affinity lora poison node)
 alone_last=(serving operator limits placement chaos)
 listed=" ${alone_first[*]} ${lane_a[*]} ${lane_b[*]} ${alone_last[*]} "

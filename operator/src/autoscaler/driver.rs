@@ -59,6 +59,9 @@ pub struct Memory {
     /// The gateway's request counter for this deployment at the last reading (`minReplicas: 0` only):
     /// unchanged means nothing arrived.
     pub gateway_requests: Option<f64>,
+    /// The gateway's count of requests moved to a fallback at the last reading: growth at 0 replicas
+    /// wakes the deployment.
+    pub gateway_moved: Option<f64>,
     /// The objectives' readings and calibration.
     pub sizing: Sizing,
 }
@@ -237,6 +240,7 @@ impl Autoscaler {
                 state: state.clone(),
                 down: DownWindow::default(),
                 gateway_requests: None,
+                gateway_moved: None,
                 sizing: Sizing::default(),
             },
         );
@@ -271,7 +275,11 @@ impl Autoscaler {
         let demand_ok = demand.as_ref().and_then(|d| d.as_ref().ok());
         let mut objectives = None;
         let (sample, decision) = if to_zero && current == 0 {
-            (Err("scaled to zero".to_string()), zero::from_zero(demand_ok))
+            let previous = self.memory().get(key).and_then(|m| m.gateway_moved);
+            (
+                Err("scaled to zero".to_string()),
+                zero::from_zero(demand_ok, previous),
+            )
         } else {
             let want_counters = plan.targets.is_some();
             let sample = match read_sample(md, spec, pods, &self.http, want_counters).await {
@@ -301,6 +309,7 @@ impl Autoscaler {
             && let Some(m) = self.memory().get_mut(key)
         {
             m.gateway_requests = Some(d.requests);
+            m.gateway_moved = Some(d.moved);
         }
         (sample, demand, decision, objectives)
     }

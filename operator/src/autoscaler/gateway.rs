@@ -1,6 +1,7 @@
 //! Demand as the fleet gateway sees it, for scaling from and to zero: requests it holds because a
 //! deployment has no Ready pod (`modelfleet_gateway_pending_requests`) and requests it answered
-//! (`modelfleet_gateway_requests_total`, whose growth means requests are arriving), summed over the
+//! (`modelfleet_gateway_requests_total`, and the requests its fallbacks took,
+//! `modelfleet_gateway_fallbacks_total{result="moved"}`: growth means requests are arriving), summed over the
 //! gateway's pods, read from each pod's `/metrics` directly (Direct). The operator only reads; the
 //! gateway never writes a ModelDeployment, so `status.desiredReplicas` keeps a single writer.
 //!
@@ -8,7 +9,7 @@
 //! partial view); a deployment the gateway never saw reads as zero demand.
 
 use modelfleet_api::exposition::samples_of;
-use modelfleet_api::metric_names::{GATEWAY_PENDING_REQUESTS, GATEWAY_REQUESTS};
+use modelfleet_api::metric_names::{GATEWAY_FALLBACKS, GATEWAY_PENDING_REQUESTS, GATEWAY_REQUESTS};
 use std::time::Duration;
 
 /// Largest `/metrics` page read from a gateway pod.
@@ -19,8 +20,10 @@ pub const MAX_PAGE_BYTES: usize = 8 << 20;
 pub struct Demand {
     /// Requests held now, waiting for a Ready pod.
     pub pending: f64,
-    /// Requests answered so far (a counter: compare two readings).
+    /// Requests answered or moved to a fallback so far (a counter: compare two readings).
     pub requests: f64,
+    /// Of those, requests `spec.fallback` moved elsewhere (a counter: growth at 0 replicas wakes it).
+    pub moved: f64,
     /// Gateway pods read.
     pub gateways: usize,
 }
@@ -31,15 +34,22 @@ pub fn parse_demand(page: &str, ns: &str, md: &str) -> Result<Demand, String> {
         gateways: 1,
         ..Demand::default()
     };
-    for (name, slot) in [(GATEWAY_PENDING_REQUESTS, 0), (GATEWAY_REQUESTS, 1)] {
+    for name in [GATEWAY_PENDING_REQUESTS, GATEWAY_REQUESTS, GATEWAY_FALLBACKS] {
         for s in samples_of(page, name) {
             let s = s?;
-            if s.label("namespace") == Some(ns) && s.label("model_deployment") == Some(md) {
-                if slot == 0 {
-                    d.pending += s.value;
-                } else {
+            if s.label("namespace") != Some(ns) || s.label("model_deployment") != Some(md) {
+                continue;
+            }
+            match name {
+                GATEWAY_PENDING_REQUESTS => d.pending += s.value,
+                GATEWAY_REQUESTS => d.requests += s.value,
+                // Requests its fallbacks took are demand too (a deployment at zero scales up while
+                // they answer); the other results are moves that did not happen.
+                _ if s.label("result") == Some("moved") => {
                     d.requests += s.value;
+                    d.moved += s.value;
                 }
+                _ => {}
             }
         }
     }
@@ -99,6 +109,7 @@ pub async fn read_demand(
     for (_, d) in pages? {
         total.pending += d.pending;
         total.requests += d.requests;
+        total.moved += d.moved;
         total.gateways += 1;
     }
     Ok(total)
@@ -121,10 +132,22 @@ mod tests {
             Demand {
                 pending: 3.0,
                 requests: 12.0,
+                moved: 0.0,
                 gateways: 1
             }
         );
         assert_eq!(parse_demand(page, "c", "chat").unwrap().pending, 0.0);
         assert!(parse_demand("modelfleet_gateway_pending_requests{x=\"1\"} NaN\n", "a", "chat").is_err());
+    }
+
+    #[test]
+    fn requests_its_fallbacks_took_are_demand() {
+        let page = "modelfleet_gateway_requests_total{model_deployment=\"big\",namespace=\"a\",outcome=\"ok\",pod=\"\",tenant=\"t\"} 1\n\
+            modelfleet_gateway_fallbacks_total{model_deployment=\"big\",namespace=\"a\",reason=\"no_ready_replica\",result=\"moved\",target=\"small\"} 4\n\
+            modelfleet_gateway_fallbacks_total{model_deployment=\"big\",namespace=\"a\",reason=\"saturated\",result=\"other_tenant\",target=\"small\"} 9\n\
+            modelfleet_gateway_fallbacks_total{model_deployment=\"small\",namespace=\"a\",reason=\"saturated\",result=\"moved\",target=\"tiny\"} 2\n";
+        let big = parse_demand(page, "a", "big").unwrap();
+        assert_eq!((big.requests, big.moved), (5.0, 4.0));
+        assert_eq!(parse_demand(page, "a", "small").unwrap().moved, 2.0);
     }
 }

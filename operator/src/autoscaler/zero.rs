@@ -2,7 +2,8 @@
 //!
 //! - **From zero**: at 0 replicas, a request the fleet gateway holds for the deployment
 //!   (`modelfleet_gateway_pending_requests` > 0) scales it to 1 at once — no up-window: someone is
-//!   waiting.
+//!   waiting — and so does a request its `spec.fallback` took elsewhere since the last reading
+//!   (`modelfleet_gateway_fallbacks_total{result="moved"}` grew: someone waited, briefly).
 //! - **To zero**: a deployment with nothing pending at the gateway, nothing waiting or running on its
 //!   pods and no request arriving (the gateway's `modelfleet_gateway_requests_total` unchanged between
 //!   readings) is idle; idle for `scaleToZeroAfterSeconds` — its own window, independent of the
@@ -22,17 +23,23 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use modelfleet_crds::model_deployment::{AutoscalerState, AutoscalingSpec};
 
-/// The decision at 0 replicas.
-pub fn from_zero(demand: Option<&Demand>) -> Decision {
+/// The decision at 0 replicas (`previous_moved`: the gateway's count of requests moved to a fallback
+/// at the last reading).
+pub fn from_zero(demand: Option<&Demand>, previous_moved: Option<f64>) -> Decision {
+    let wake = |reason: String| Decision {
+        replicas: 1,
+        state: AutoscalerState::default(),
+        reason,
+    };
     match demand {
-        Some(d) if d.pending > 0.0 => Decision {
-            replicas: 1,
-            state: AutoscalerState::default(),
-            reason: format!(
-                "scale from zero: {} requests pending at the gateway",
-                d.pending.round()
-            ),
-        },
+        Some(d) if d.pending > 0.0 => wake(format!(
+            "scale from zero: {} requests pending at the gateway",
+            d.pending.round()
+        )),
+        Some(d) if previous_moved.is_some_and(|p| d.moved > p) => wake(format!(
+            "scale from zero: {} requests moved to a fallback since the last reading",
+            (d.moved - previous_moved.unwrap_or_default()).round()
+        )),
         _ => Decision {
             replicas: 0,
             state: AutoscalerState::default(),
@@ -118,6 +125,7 @@ mod tests {
         Demand {
             pending,
             requests,
+            moved: 0.0,
             gateways: 1,
         }
     }
@@ -135,9 +143,30 @@ mod tests {
 
     #[test]
     fn pending_demand_wakes_a_deployment_at_once() {
-        assert_eq!(from_zero(Some(&demand(2.0, 0.0))).replicas, 1);
-        assert_eq!(from_zero(Some(&demand(0.0, 9.0))).replicas, 0);
-        assert_eq!(from_zero(None).replicas, 0, "no reading, no wake-up");
+        assert_eq!(from_zero(Some(&demand(2.0, 0.0)), None).replicas, 1);
+        assert_eq!(from_zero(Some(&demand(0.0, 9.0)), Some(0.0)).replicas, 0);
+        assert_eq!(from_zero(None, Some(0.0)).replicas, 0, "no reading, no wake-up");
+    }
+
+    #[test]
+    fn requests_moved_to_a_fallback_wake_a_deployment() {
+        let moved = |n: f64| Demand {
+            moved: n,
+            ..demand(0.0, n)
+        };
+        let woken = from_zero(Some(&moved(3.0)), Some(1.0));
+        assert_eq!(woken.replicas, 1);
+        assert!(
+            woken.reason.contains("2 requests moved to a fallback"),
+            "{}",
+            woken.reason
+        );
+        assert_eq!(from_zero(Some(&moved(3.0)), Some(3.0)).replicas, 0, "nothing new");
+        assert_eq!(
+            from_zero(Some(&moved(3.0)), None).replicas,
+            0,
+            "a first reading cannot show growth"
+        );
     }
 
     #[test]

@@ -127,6 +127,11 @@ pub const GATEWAY_UPSTREAM_RESETS: &str = "modelfleet_gateway_upstream_resets_to
 /// Gateway: requests held while a deployment has no Ready pod (gauge, `namespace`,
 /// `model_deployment`); the operator scales from zero on it.
 pub const GATEWAY_PENDING_REQUESTS: &str = "modelfleet_gateway_pending_requests";
+/// Gateway: requests a deployment's `spec.fallback` moved, or would have moved (counter, `namespace`,
+/// `model_deployment` = where the request was sent, `target`, `reason` = no_ready_replica | saturated,
+/// `result` = moved | no_deployment | other_tenant | limited). A move counts as demand for
+/// `model_deployment`: the operator scales it from zero on its growth as on answered requests.
+pub const GATEWAY_FALLBACKS: &str = "modelfleet_gateway_fallbacks_total";
 /// Gateway: time from sending upstream to the first byte back (histogram, `model_deployment`).
 pub const GATEWAY_UPSTREAM_TTFT: &str = "modelfleet_gateway_upstream_ttft_seconds";
 /// Gateway: requests in flight per pod (gauge, `pod`).

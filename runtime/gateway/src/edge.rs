@@ -173,6 +173,7 @@ mod tests {
             task: None,
             prices: Default::default(),
             split: None,
+            fallback: None,
         }
     }
 

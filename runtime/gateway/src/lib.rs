@@ -25,6 +25,7 @@ pub mod canary;
 pub mod config;
 pub mod discovery;
 pub mod edge;
+pub mod fallback;
 pub mod fleet;
 pub mod limits;
 pub mod load;

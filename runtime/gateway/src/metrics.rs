@@ -41,6 +41,8 @@ pub struct Metrics {
     pub upstream_ttft: HistogramVec,
     /// `modelfleet_gateway_inflight{pod}`.
     pub inflight: IntGaugeVec,
+    /// `modelfleet_gateway_fallbacks_total{namespace,model_deployment,target,reason,result}`.
+    pub fallbacks: IntCounterVec,
     /// Per revision, what the canary analysis reads.
     pub revisions: RevisionMetrics,
 }
@@ -171,9 +173,21 @@ impl Metrics {
                 &["model_deployment"],
             ),
             inflight: gauge(names::GATEWAY_INFLIGHT, "Requests in flight per pod", &["pod"]),
+            fallbacks: counter(
+                names::GATEWAY_FALLBACKS,
+                "Requests spec.fallback moved from a deployment to a target (result moved), or could not \
+                 (no_deployment, other_tenant, limited), by reason: no_ready_replica or saturated",
+                &["namespace", "model_deployment", "target", "reason", "result"],
+            ),
             revisions: RevisionMetrics::new(),
         };
-        for c in [&m.requests, &m.route, &m.retries, &m.upstream_resets] {
+        for c in [
+            &m.requests,
+            &m.route,
+            &m.retries,
+            &m.upstream_resets,
+            &m.fallbacks,
+        ] {
             m.registry.register(Box::new(c.clone())).expect("unique");
         }
         for g in [&m.pending, &m.inflight] {

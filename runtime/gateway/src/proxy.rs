@@ -34,6 +34,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use modelfleet_api::error::{ApiError, ApiErrorKind};
+use modelfleet_crds::FallbackTrigger;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -107,34 +108,99 @@ enum Failure {
     Transport(String),
 }
 
-/// Forwards `job`, retrying as the module header says.
-pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
+/// Forwards `job`, retrying as the module header says; a deployment with `spec.fallback` may move it
+/// ([`crate::fallback`]).
+pub async fn forward(gw: Arc<Gateway>, job: Job) -> Response {
+    if let Some(spec) = job.auth.deployment.fallback.clone()
+        && job.auth.adapter.is_none()
+    {
+        return crate::fallback::forward(gw, job, &spec).await;
+    }
+    match attempt(&gw, job, None).await {
+        Ok(resp) => resp,
+        Err(refused) => {
+            let Refused { refusal, mut job } = *refused;
+            refusal.answer(&gw, &mut job.record)
+        }
+    }
+}
+
+/// Why a deployment could not start a request (what a fallback may take), and the request.
+pub struct Refused {
+    /// Why, and the answer the client gets if nothing takes the request.
+    pub refusal: Refusal,
+    /// The request, untouched by any pod.
+    pub job: Job,
+}
+
+/// A deployment's refusal: nothing reached a pod's handler, or every pod tried refused for load.
+pub struct Refusal {
+    /// What a fallback would be moving it for.
+    pub trigger: FallbackTrigger,
+    unstarted: Unstarted,
+}
+
+enum Unstarted {
+    /// No Ready replica before the wait ended (the 504 `no_ready_replica`).
+    NoReplica(ApiError),
+    /// Every pod tried refused or could not be reached (the last failure, for `model`).
+    Exhausted(Option<Failure>, String),
+}
+
+impl Refusal {
+    /// The answer for the client when nothing else takes the request.
+    pub fn answer(self, gw: &Gateway, record: &mut Record) -> Response {
+        match self.unstarted {
+            Unstarted::NoReplica(e) => fail(record, e),
+            Unstarted::Exhausted(last, model) => exhausted(gw, record, last, &model),
+        }
+    }
+}
+
+/// Tries `job` on its deployment (`job.auth.deployment`): waits for a Ready replica until the request's
+/// pending limit or, with `wait`, that long from now; then pods in turn as the module header says.
+/// `Err` when no pod started it: no Ready replica in time, or every pod tried refused it.
+pub async fn attempt(
+    gw: &Arc<Gateway>,
+    mut job: Job,
+    wait: Option<Duration>,
+) -> Result<Response, Box<Refused>> {
     let id = job.auth.deployment.id.clone();
     let model = job.routed.model.clone();
     gw.metrics.touch(&id);
-    let pending_until = job.deadline.min(job.arrival + gw.settings.max_pending_wait);
+    let mut pending_until = job.deadline.min(job.arrival + gw.settings.max_pending_wait);
+    if let Some(wait) = wait {
+        pending_until = pending_until.min(Instant::now() + wait);
+    }
     let scope = if job.auth.deployment.shared_prefix_cache {
         "deployment".to_string()
     } else {
         format!("tenant:{}", job.auth.tenant.id)
     };
     let key = affinity_key(&scope, job.auth.adapter.as_deref(), &job.routed);
-    crate::mirror::launch(&gw, &job, key);
+    crate::mirror::launch(gw, &job, key);
     let mut tried: Vec<String> = Vec::new();
     let mut last: Option<Failure> = None;
     let mut resets = 0u32;
     let mut previous: Option<String> = None;
     for attempt in 0..=gw.settings.retries {
-        let d = match ready_deployment(&gw, &id, &model, pending_until).await {
+        let d = match ready_deployment(gw, &id, &model, pending_until).await {
             Ok(d) => d,
-            Err(e) => return fail(&mut job.record, e),
+            Err(e) if e.code.as_deref() == Some("no_ready_replica") && tried.is_empty() => {
+                let refusal = Refusal {
+                    trigger: FallbackTrigger::NoReadyReplica,
+                    unstarted: Unstarted::NoReplica(e),
+                };
+                return Err(Box::new(Refused { refusal, job }));
+            }
+            Err(e) => return Ok(fail(&mut job.record, e)),
         };
         let want = wanted(&d, &job.auth.tenant.id, key);
         let adapter = job.auth.adapter.as_deref();
-        let Some(choice) = choose(&gw, &d, key, adapter, &tried, want.as_deref()) else {
+        let Some(choice) = choose(gw, &d, key, adapter, &tried, want.as_deref()) else {
             break;
         };
-        count_route(&gw, &d, &choice, want.is_some(), attempt);
+        count_route(gw, &d, &choice, want.is_some(), attempt);
         job.record.attempts += 1;
         tried.push(choice.pod.name.clone());
         let inflight = gw.loads.start(&choice.pod.name);
@@ -147,8 +213,8 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
             previous.as_deref(),
         );
         let sent = Instant::now();
-        let judged = match send(&gw, &job, &choice.pod, &span).instrument(span.clone()).await {
-            Ok(resp) => judge(&gw, &job, &choice.pod, resp).instrument(span.clone()).await,
+        let judged = match send(gw, &job, &choice.pod, &span).instrument(span.clone()).await {
+            Ok(resp) => judge(gw, &job, &choice.pod, resp).instrument(span.clone()).await,
             Err(Sent::NotReached(why)) => {
                 trace::failed(&span, &format!("not reached: {why}"));
                 previous = Some("not_reached".into());
@@ -162,14 +228,14 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
         previous = judged.trace(&span);
         match judged {
             Judged::Stream(resp, first) => {
-                return commit(gw.clone(), job, choice.pod, resp, first, inflight, probe);
+                return Ok(commit(gw.clone(), job, choice.pod, resp, first, inflight, probe));
             }
             Judged::Retry(b) => remember(&mut last, Failure::Answer(b, choice.pod)),
-            Judged::Final(b) => return buffered_response(&gw, &mut job.record, b, &choice.pod),
+            Judged::Final(b) => return Ok(buffered_response(gw, &mut job.record, b, &choice.pod)),
             Judged::Reset(why) => {
                 drop(inflight);
                 resets += 1;
-                let gone = pod_gone(&gw, &choice.pod).await;
+                let gone = pod_gone(gw, &choice.pod).await;
                 gw.metrics
                     .upstream_resets
                     .with_label_values(&[id.name.as_str(), if gone { "pod_gone" } else { "pod_alive" }])
@@ -177,20 +243,29 @@ pub async fn forward(gw: Arc<Gateway>, mut job: Job) -> Response {
                 if gone {
                     gw.loads.eject(&choice.pod.name);
                     report(&suspect(&job, &choice.pod, "before_first_byte"));
-                    return fail(&mut job.record, went_away(&model, &choice.pod, &why));
+                    return Ok(fail(&mut job.record, went_away(&model, &choice.pod, &why)));
                 }
                 if resets > 1 {
-                    return fail(&mut job.record, broken_twice(&model, &why));
+                    return Ok(fail(&mut job.record, broken_twice(&model, &why)));
                 }
                 remember(&mut last, Failure::Transport(why));
             }
-            Judged::Timeout => return fail(&mut job.record, timeout(&model)),
+            Judged::Timeout => return Ok(fail(&mut job.record, timeout(&model))),
         }
         if Instant::now() >= job.deadline {
-            return fail(&mut job.record, timeout(&model));
+            return Ok(fail(&mut job.record, timeout(&model)));
         }
     }
-    exhausted(&gw, &mut job.record, last, &model)
+    // A reset may mean the request started on a pod: such a request is not moved (as it is not
+    // retried twice); neither is one that met only transport failures after a reset.
+    if resets > 0 {
+        return Ok(exhausted(gw, &mut job.record, last, &model));
+    }
+    let refusal = Refusal {
+        trigger: FallbackTrigger::Saturated,
+        unstarted: Unstarted::Exhausted(last, model),
+    };
+    Err(Box::new(Refused { refusal, job }))
 }
 
 /// Counts a routing decision (and a retry, past the first attempt; and the revision, with a split).

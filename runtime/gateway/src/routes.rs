@@ -80,7 +80,7 @@ async fn render_metrics(State(gw): State<Arc<Gateway>>) -> Response {
         .into_response()
 }
 
-fn key_of(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn key_of(headers: &HeaderMap) -> Option<&str> {
     bearer_token(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
 }
 
@@ -206,7 +206,7 @@ async fn generate_in(gw: Arc<Gateway>, req: Request, arrival: Instant, mut recor
 /// Prompt tokens charged at admission, before the runtime counts them: a quarter of the body's bytes
 /// (about a token per four bytes of English text; JSON around it makes it an overestimate), corrected
 /// when the answer ends.
-fn prompt_estimate(body: &[u8]) -> u64 {
+pub(crate) fn prompt_estimate(body: &[u8]) -> u64 {
     (body.len() as u64).div_ceil(4)
 }
 

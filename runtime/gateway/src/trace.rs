@@ -75,3 +75,17 @@ pub fn failed(span: &Span, outcome: &str) {
     span.record("otel.status_code", "error");
     span.record("modelfleet.outcome", outcome);
 }
+
+/// A fallback moved the request (`reason`) to deployment `target` (`namespace/name`): an event on the
+/// request's span, whose deployment becomes the target; the attempts there follow as its children.
+pub fn moved(request: &Span, reason: &str, target: &str) {
+    use opentelemetry::KeyValue;
+    request.add_event(
+        "fallback",
+        vec![
+            KeyValue::new("modelfleet.fallback.reason", reason.to_string()),
+            KeyValue::new("modelfleet.fallback.target", target.to_string()),
+        ],
+    );
+    request.record("modelfleet.deployment", target);
+}

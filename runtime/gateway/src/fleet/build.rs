@@ -196,6 +196,7 @@ pub fn fleet(
                 task: md.spec.model.task,
                 prices: crate::limits::Prices::from_spec(md.spec.cost.as_ref()),
                 split: Split::from_status(rollout),
+                fallback: md.spec.fallback.clone().map(Arc::new),
             }
         })
         .collect();

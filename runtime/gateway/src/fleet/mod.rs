@@ -100,6 +100,8 @@ pub struct Deployment {
     pub prices: crate::limits::Prices,
     /// The canary split while a rollout names a canary revision (`None`: every Ready pod serves).
     pub split: Option<crate::canary::Split>,
+    /// `spec.fallback`: where requests it cannot start go ([`crate::fallback`]).
+    pub fallback: Option<Arc<modelfleet_crds::FallbackSpec>>,
 }
 
 impl Deployment {
@@ -302,6 +304,7 @@ mod tests {
             task: None,
             prices: Default::default(),
             split: None,
+            fallback: None,
         }
     }
 

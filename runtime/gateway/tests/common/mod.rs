@@ -327,6 +327,7 @@ pub fn deployment(pods: &[Pod], tenancy: Tenancy, adapters: &[(&str, &[&str], &[
         max_model_len: Some(2048),
         task: None,
         split: None,
+        fallback: None,
     }
 }
 

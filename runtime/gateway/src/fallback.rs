@@ -1,0 +1,216 @@
+//! Fallbacks (`spec.fallback` of a ModelDeployment): when a deployment cannot start a request — no
+//! Ready replica within `noReadyReplicaWaitSeconds` (`NoReadyReplica`), or every pod tried refused it
+//! for load or could not be reached (`Saturated`) — the request moves to the first target that takes
+//! that trigger, then the next, before the client has seen a byte. A target is another ModelDeployment
+//! in the same namespace; the request goes there as the caller's own: the body's `model` becomes the
+//! target's served name, the caller's key must name the same tenant there (else the target is passed
+//! over: no key grants more by a move), and the tenant's limits and prices of the target apply (a new
+//! lease; the first is released unused). Every answer of a deployment with fallbacks names the
+//! deployment that gave it (`x-modelfleet-served-by: namespace/name`).
+//!
+//! Invariants: a request moves only when no pod's handler may have started it (a connection reset is
+//! never moved, as it is never retried twice); a move is one step down one list (a target's own
+//! fallbacks are not followed, so lists cannot loop); adapters never move (they belong to their base);
+//! the deployment the request was sent to counts each move as demand
+//! (`modelfleet_gateway_fallbacks_total`), so a deployment at zero still scales up while its fallback
+//! answers; the wait for a Ready replica is cut short only when a target is there to take the request.
+
+use crate::edge::Authorized;
+use crate::fleet::{Deployment, DeploymentId};
+use crate::limits::Who;
+use crate::proxy::{Job, Refused, attempt};
+use crate::state::Gateway;
+use axum::http::HeaderValue;
+use axum::response::Response;
+use bytes::Bytes;
+use modelfleet_crds::{FallbackSpec, FallbackTarget, FallbackTrigger};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Response header naming the deployment that answered (`namespace/name`).
+pub const SERVED_BY_HEADER: &str = "x-modelfleet-served-by";
+
+/// Forwards `job`, whose deployment has fallbacks `spec`.
+pub async fn forward(gw: Arc<Gateway>, job: Job, spec: &FallbackSpec) -> Response {
+    let origin = job.auth.deployment.id.clone();
+    let key = crate::routes::key_of(&job.headers).map(str::to_owned);
+    let targets: Vec<Target> = {
+        let fleet = gw.fleet.borrow();
+        spec.targets
+            .iter()
+            .map(|t| Target::resolve(&fleet.deployments, &origin, &job, key.as_deref(), t))
+            .collect()
+    };
+    let wait = Duration::from_secs(spec.no_ready_replica_wait_seconds.max(0) as u64);
+    let waits = |from: usize| {
+        let takes = targets[from..]
+            .iter()
+            .any(|t| t.usable() && t.spec.takes(FallbackTrigger::NoReadyReplica));
+        takes.then_some(wait)
+    };
+    let mut outcome = attempt(&gw, job, waits(0))
+        .await
+        .map(|resp| served_by(resp, &origin));
+    let mut next = 0;
+    loop {
+        let refused = match outcome {
+            Ok(resp) => return resp,
+            Err(refused) => refused,
+        };
+        let trigger = refused.refusal.trigger;
+        let Some(i) = (next..targets.len()).find(|&i| targets[i].spec.takes(trigger)) else {
+            return answer(&gw, *refused);
+        };
+        next = i + 1;
+        let target = &targets[i];
+        let moved = match target.take(&gw, *refused, &origin, trigger).await {
+            Ok(job) => job,
+            Err(refused) => {
+                outcome = Err(refused);
+                continue;
+            }
+        };
+        outcome = attempt(&gw, moved, waits(next))
+            .await
+            .map(|resp| served_by(resp, &target.id));
+    }
+}
+
+/// The answer of the last deployment that refused, naming it.
+fn answer(gw: &Gateway, refused: Refused) -> Response {
+    let Refused { refusal, mut job } = refused;
+    let id = job.auth.deployment.id.clone();
+    served_by(refusal.answer(gw, &mut job.record), &id)
+}
+
+fn served_by(mut resp: Response, id: &DeploymentId) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+        resp.headers_mut().insert(SERVED_BY_HEADER, v);
+    }
+    resp
+}
+
+/// A fallback target as this request sees it: the deployment, and the caller's tenant there.
+struct Target<'a> {
+    spec: &'a FallbackTarget,
+    id: DeploymentId,
+    /// The deployment and the caller's tenant in it, or why the request cannot move there.
+    found: Result<(Arc<Deployment>, Arc<modelfleet_api::tenants::Tenant>), &'static str>,
+}
+
+impl<'a> Target<'a> {
+    fn resolve(
+        deployments: &std::collections::BTreeMap<DeploymentId, Arc<Deployment>>,
+        origin: &DeploymentId,
+        job: &Job,
+        key: Option<&str>,
+        spec: &'a FallbackTarget,
+    ) -> Target<'a> {
+        let id = DeploymentId {
+            namespace: origin.namespace.clone(),
+            name: spec.model_deployment.clone(),
+        };
+        let found = match deployments.get(&id) {
+            None => Err("no_deployment"),
+            Some(_) if id == *origin => Err("no_deployment"),
+            Some(d) => match d.tenant(key) {
+                Ok(Some(t)) if t.id == job.auth.tenant.id => Ok((d.clone(), t)),
+                _ => Err("other_tenant"),
+            },
+        };
+        Target { spec, id, found }
+    }
+
+    fn usable(&self) -> bool {
+        self.found.is_ok()
+    }
+
+    /// Moves the request here: the target's name in the body, its tenant limits (a new lease; the
+    /// old one is released unused), its accounting. `Err` gives the request back, still refused.
+    async fn take(
+        &self,
+        gw: &Gateway,
+        refused: Refused,
+        origin: &DeploymentId,
+        trigger: FallbackTrigger,
+    ) -> Result<Job, Box<Refused>> {
+        let count = |result: &str| {
+            gw.metrics
+                .fallbacks
+                .with_label_values(&[
+                    &origin.namespace,
+                    &origin.name,
+                    &self.id.name,
+                    trigger.label(),
+                    result,
+                ])
+                .inc();
+        };
+        let (d, tenant) = match &self.found {
+            Ok(found) => found.clone(),
+            Err(why) => {
+                count(why);
+                return Err(Box::new(refused));
+            }
+        };
+        let Refused { refusal, mut job } = refused;
+        let Some(body) = with_model(&job.body, &d.served_name) else {
+            // The body was read as a JSON object with a string `model` at the edge; this cannot fail.
+            return Err(Box::new(Refused { refusal, job }));
+        };
+        let who = Who {
+            namespace: d.id.namespace.clone(),
+            deployment: d.id.name.clone(),
+            tenant: tenant.id.clone(),
+            model: d.served_name.clone(),
+        };
+        let estimate = crate::routes::prompt_estimate(&body);
+        let lease = match gw.limiter.admit(who, &tenant, d.prices.clone(), estimate).await {
+            Ok(lease) => lease,
+            Err(_) => {
+                count("limited");
+                return Err(Box::new(Refused { refusal, job }));
+            }
+        };
+        count("moved");
+        crate::trace::moved(&job.record.span, trigger.label(), &self.id.to_string());
+        job.lease = lease;
+        job.body = body;
+        job.routed.model = d.served_name.clone();
+        job.record.namespace = d.id.namespace.clone();
+        job.record.deployment = d.id.name.clone();
+        job.auth = Authorized {
+            deployment: d,
+            tenant,
+            adapter: None,
+        };
+        Ok(job)
+    }
+}
+
+/// `body` (a JSON object) with `model` set to `model`.
+fn with_model(body: &[u8], model: &str) -> Option<Bytes> {
+    let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
+    v.insert("model".into(), serde_json::Value::String(model.into()));
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_names_the_target_and_keeps_everything_else() {
+        let body =
+            br#"{"model":"big","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}"#;
+        let moved = with_model(body, "small").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&moved).unwrap();
+        assert_eq!(v["model"], "small");
+        assert_eq!(v["messages"][0]["content"], "hi");
+        assert_eq!(
+            (v["stream"].as_bool(), v["max_tokens"].as_u64()),
+            (Some(true), Some(8))
+        );
+        assert!(with_model(b"[1]", "small").is_none());
+    }
+}

@@ -1,0 +1,230 @@
+//! `spec.fallback` against test pods on loopback: a deployment without Ready pods hands its requests
+//! to its fallback after the wait and takes them back once a pod is Ready; a saturated one (every pod
+//! 429 `queue_full`) moves them, a reset never; a target that does not know the caller's key as the
+//! same tenant is passed over; the moved request carries the target's model name, and every answer
+//! names the deployment that gave it.
+
+mod common;
+use common::*;
+use modelfleet_api::tenants::Tenants;
+use modelfleet_crds::{FallbackSpec, FallbackTarget, FallbackTrigger};
+use modelfleet_gateway::fleet::{Deployment, DeploymentId, Fleet, Pod, Tenancy};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SERVED_BY: &str = "x-modelfleet-served-by";
+
+fn keys(text: &str) -> Tenancy {
+    Tenancy::Keys(Arc::new(Tenants::parse(text).unwrap()))
+}
+
+/// `chat` (serving `llama`) on `pods`, falling back to `targets` after a `wait`-second wait.
+fn primary(pods: &[Pod], tenancy: Tenancy, wait: i32, targets: &[(&str, &[FallbackTrigger])]) -> Deployment {
+    let mut d = deployment(pods, tenancy, &[]);
+    d.fallback = Some(Arc::new(FallbackSpec {
+        no_ready_replica_wait_seconds: wait,
+        targets: targets
+            .iter()
+            .map(|(name, on)| FallbackTarget {
+                model_deployment: name.to_string(),
+                on: on.to_vec(),
+            })
+            .collect(),
+    }));
+    d
+}
+
+/// Deployment `name` serving `served` on `pods`.
+fn other(name: &str, served: &str, pods: &[Pod], tenancy: Tenancy) -> Deployment {
+    let mut d = deployment(pods, tenancy, &[]);
+    d.id = DeploymentId {
+        namespace: "ns".into(),
+        name: name.into(),
+    };
+    d.served_name = served.into();
+    d
+}
+
+async fn post(
+    gw: &TestGateway,
+    body: &serde_json::Value,
+    key: Option<&str>,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut r = client().post(gw.url("/v1/chat/completions")).json(body);
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let resp = r.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.text().await.unwrap_or_default())
+}
+
+fn header(h: &reqwest::header::HeaderMap, name: &str) -> String {
+    h.get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+fn fallbacks(gw: &TestGateway, reason: &str, result: &str) -> f64 {
+    gw.metrics()
+        .lines()
+        .filter(|l| {
+            l.starts_with("modelfleet_gateway_fallbacks_total{")
+                && l.contains(&format!("reason=\"{reason}\""))
+                && l.contains(&format!("result=\"{result}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_deployment_without_ready_pods_hands_requests_to_its_fallback_then_takes_them_back() {
+    let (pods, port) = pods(2).await;
+    let (big, small) = (pods[0].pod(), pods[1].pod());
+    let fleet = Fleet::new(
+        vec![
+            primary(
+                &[],
+                Tenancy::Open,
+                1,
+                &[("small", &[FallbackTrigger::NoReadyReplica])],
+            ),
+            other("small", "smol", std::slice::from_ref(&small), Tenancy::Open),
+        ],
+        true,
+    );
+    let gw = TestGateway::start(settings(port), fleet, 8).await;
+    for stream in [false, true] {
+        let began = Instant::now();
+        let (status, h, body) = post(&gw, &chat("hello", stream), None).await;
+        let took = began.elapsed();
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(header(&h, SERVED_BY), "ns/small");
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+            "moved after the 1 s wait, not before and not at the 5 s pending limit: {took:?}"
+        );
+        if stream {
+            assert!(body.contains("data: [DONE]"), "{body}");
+        }
+        let sent: serde_json::Value = serde_json::from_slice(&pods[1].last_body.lock().unwrap()).unwrap();
+        assert_eq!(sent["model"], "smol", "the target's own name");
+        assert_eq!(sent["messages"][0]["content"], "hello");
+    }
+    assert_eq!(fallbacks(&gw, "no_ready_replica", "moved"), 2.0);
+    assert!(
+        gw.metrics().contains(
+            "modelfleet_gateway_fallbacks_total{model_deployment=\"chat\",namespace=\"ns\",reason=\"no_ready_replica\",result=\"moved\",target=\"small\"} 2"
+        ),
+        "counted for the deployment the requests were sent to (the operator's demand): {}",
+        gw.metrics()
+    );
+    // A pod of its own turns Ready: requests stay.
+    gw.publish(vec![
+        primary(
+            std::slice::from_ref(&big),
+            Tenancy::Open,
+            1,
+            &[("small", &[FallbackTrigger::NoReadyReplica])],
+        ),
+        other("small", "smol", std::slice::from_ref(&small), Tenancy::Open),
+    ]);
+    let (status, h, body) = post(&gw, &chat("hello", false), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&h, SERVED_BY), "ns/chat");
+    assert_eq!(header(&h, "x-modelfleet-pod"), big.name);
+    assert_eq!((pods[0].hits(), pods[1].hits()), (1, 2));
+}
+
+#[tokio::test]
+async fn saturation_moves_a_request_a_reset_never_does() {
+    let (pods, port) = pods(3).await;
+    let ours = [pods[0].pod(), pods[1].pod()];
+    let fleet = Fleet::new(
+        vec![
+            primary(
+                &ours,
+                Tenancy::Open,
+                1,
+                &[("small", &[FallbackTrigger::Saturated])],
+            ),
+            other("small", "smol", &[pods[2].pod()], Tenancy::Open),
+        ],
+        true,
+    );
+    let gw = TestGateway::start(settings(port), fleet, 8).await;
+    for p in &pods[..2] {
+        p.set(Mode::Status(429, "queue_full"));
+    }
+    let (status, h, body) = post(&gw, &chat("busy", true), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&h, SERVED_BY), "ns/small");
+    assert_eq!((pods[0].hits(), pods[1].hits(), pods[2].hits()), (1, 1, 1));
+    assert_eq!(fallbacks(&gw, "saturated", "moved"), 1.0);
+    // A connection reset may mean the request started: it is retried once, never moved.
+    for p in &pods[..2] {
+        p.set(Mode::Reset);
+    }
+    let (status, h, body) = post(&gw, &chat("reset", false), None).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(header(&h, SERVED_BY), "ns/chat");
+    assert_eq!(pods[2].hits(), 1, "nothing moved after a reset");
+    // Without a target for the trigger, the wait is not cut short and nothing moves.
+    gw.publish(vec![
+        primary(&[], Tenancy::Open, 1, &[("small", &[FallbackTrigger::Saturated])]),
+        other("small", "smol", &[pods[2].pod()], Tenancy::Open),
+    ]);
+    let began = Instant::now();
+    let (status, _, body) = post(&gw, &chat("nobody", false), None).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(
+        began.elapsed() >= Duration::from_secs(4),
+        "the whole pending wait"
+    );
+    assert_eq!(pods[2].hits(), 1);
+}
+
+#[tokio::test]
+async fn a_target_that_does_not_know_the_callers_key_as_the_same_tenant_is_passed_over() {
+    let (pods, port) = pods(3).await;
+    let a = "tenants:\n- id: a\n  apiKeys: [sk-tenant-a]\n";
+    let elsewhere = "tenants:\n- id: other\n  apiKeys: [sk-tenant-a]\n";
+    let fleet = Fleet::new(
+        vec![
+            primary(
+                &[pods[0].pod()],
+                keys(a),
+                1,
+                &[("stranger", &[]), ("missing", &[]), ("small", &[])],
+            ),
+            other("stranger", "strange", &[pods[1].pod()], keys(elsewhere)),
+            other("small", "smol", &[pods[2].pod()], keys(a)),
+        ],
+        true,
+    );
+    let gw = TestGateway::start(settings(port), fleet, 8).await;
+    pods[0].set(Mode::Status(429, "queue_full"));
+    let (status, h, body) = post(&gw, &chat("hi", false), Some("sk-tenant-a")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&h, SERVED_BY), "ns/small");
+    assert_eq!(
+        pods[1].hits(),
+        0,
+        "the same key names another tenant there: never sent"
+    );
+    assert_eq!(*pods[2].last_auth.lock().unwrap(), Some("Bearer sk-tenant-a".into()));
+    assert_eq!(fallbacks(&gw, "saturated", "other_tenant"), 1.0);
+    assert_eq!(fallbacks(&gw, "saturated", "no_deployment"), 1.0);
+    assert_eq!(fallbacks(&gw, "saturated", "moved"), 1.0);
+    // With nowhere to go, the client hears the deployment's own refusal.
+    pods[2].set(Mode::Status(429, "queue_full"));
+    let (status, h, body) = post(&gw, &chat("hi", false), Some("sk-tenant-a")).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("queue_full"), "{body}");
+    assert_eq!(
+        header(&h, SERVED_BY),
+        "ns/small",
+        "the last deployment that refused"
+    );
+}
