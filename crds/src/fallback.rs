@@ -21,7 +21,7 @@ pub enum FallbackTrigger {
 }
 
 impl FallbackTrigger {
-    /// Every trigger (what an empty `on` means).
+    /// Every trigger (what an empty `triggers` means).
     pub const ALL: [FallbackTrigger; 2] = [FallbackTrigger::NoReadyReplica, FallbackTrigger::Saturated];
 
     /// The metric label and span attribute value.
@@ -41,16 +41,17 @@ pub struct FallbackTarget {
     /// caller's API key as the same tenant, or the request does not move there.
     #[schemars(length(min = 1, max = 253))]
     pub model_deployment: String,
-    /// The triggers this target takes (default: every one).
+    /// The triggers this target takes (default: every one). (Not `on`: YAML 1.1 readers such as
+    /// kubectl's take a bare `on` key for the boolean `true`.)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 2))]
-    pub on: Vec<FallbackTrigger>,
+    pub triggers: Vec<FallbackTrigger>,
 }
 
 impl FallbackTarget {
     /// Whether this target takes requests moved for `trigger`.
     pub fn takes(&self, trigger: FallbackTrigger) -> bool {
-        self.on.is_empty() || self.on.contains(&trigger)
+        self.triggers.is_empty() || self.triggers.contains(&trigger)
     }
 }
 

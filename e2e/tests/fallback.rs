@@ -1,8 +1,9 @@
 //! `spec.fallback` through the fleet gateway on the local cluster (the chart's gateway at
 //! `MF_GATEWAY_URL`, the operator's autoscaler, the real runtime): a deployment resting at zero replicas
-//! hands its requests to its fallback deployment after a one-second wait — each answer naming the
-//! deployment that gave it (`x-modelfleet-served-by`) — and those moves are demand enough for the
-//! operator to scale it from zero; once its own pod is Ready it answers them itself. Run by `make e2e`.
+//! hands its requests to its fallback deployment at once (`noReadyReplicaWaitSeconds: 0`) — each answer
+//! naming the deployment that gave it (`x-modelfleet-served-by`) — and those moves alone are demand
+//! enough for the operator to scale it from zero; once its own pod is Ready it answers them itself.
+//! (The gateway tests cover the wait itself.) Run by `make e2e`.
 
 mod common;
 use common::fleet::*;
@@ -84,7 +85,7 @@ async fn a_deployment_at_zero_hands_requests_to_its_fallback_while_it_scales_up(
             &big,
             "  autoscaling:\n    mode: Builtin\n    minReplicas: 0\n    maxReplicas: 1\n    \
              scaleToZeroAfterSeconds: 600\n    scaleUpStabilizationSeconds: 0\n  fallback:\n    \
-             noReadyReplicaWaitSeconds: 1\n    targets:\n    - modelDeployment: small\n      on: [NoReadyReplica]\n",
+             noReadyReplicaWaitSeconds: 0\n    targets:\n    - modelDeployment: small\n      triggers: [NoReadyReplica]\n",
         )),
     );
     wait_until(
@@ -99,7 +100,8 @@ async fn a_deployment_at_zero_hands_requests_to_its_fallback_while_it_scales_up(
     )
     .await;
 
-    // The first request waits its second at big, then small answers it.
+    // No wait at all (`noReadyReplicaWaitSeconds: 0`): small answers at once, and big's pending gauge
+    // never shows the request — the moves alone must wake it.
     let http = gateway(Duration::from_secs(60));
     let began = Instant::now();
     let (status, served_by, body) = ask(&http, &big, "first").await;
@@ -110,7 +112,7 @@ async fn a_deployment_at_zero_hands_requests_to_its_fallback_while_it_scales_up(
     assert_eq!(body["model"], small.as_str(), "small's own answer");
     assert!(
         first < Duration::from_secs(4),
-        "moved after the 1 s wait, not after the 180 s pending limit: {first:?}"
+        "moved at once, not after the 180 s pending limit: {first:?}"
     );
 
     // Those moves are demand: big scales from zero, and answers for itself once Ready.

@@ -27,7 +27,7 @@ fn primary(pods: &[Pod], tenancy: Tenancy, wait: i32, targets: &[(&str, &[Fallba
             .iter()
             .map(|(name, on)| FallbackTarget {
                 model_deployment: name.to_string(),
-                on: on.to_vec(),
+                triggers: on.to_vec(),
             })
             .collect(),
     }));
@@ -213,7 +213,10 @@ async fn a_target_that_does_not_know_the_callers_key_as_the_same_tenant_is_passe
         0,
         "the same key names another tenant there: never sent"
     );
-    assert_eq!(*pods[2].last_auth.lock().unwrap(), Some("Bearer sk-tenant-a".into()));
+    assert_eq!(
+        *pods[2].last_auth.lock().unwrap(),
+        Some("Bearer sk-tenant-a".into())
+    );
     assert_eq!(fallbacks(&gw, "saturated", "other_tenant"), 1.0);
     assert_eq!(fallbacks(&gw, "saturated", "no_deployment"), 1.0);
     assert_eq!(fallbacks(&gw, "saturated", "moved"), 1.0);
