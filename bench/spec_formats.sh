@@ -8,6 +8,7 @@
 #   bench/spec_formats.sh                          # FORMATS="f16 q8_0 q4_1 q4_k_m" STREAMS="1 4" REPS=3
 #   FORMATS=q4_1 STREAMS=1 REPS=5 SERVER_BIN=… bench/spec_formats.sh
 #   STORY_STREAMS=1 bench/spec_formats.sh            # the story workloads at 1 stream only
+#   SAMPLED_REQUESTS=8                               # requests per stream in `sampled` (default 8)
 #
 # Workloads: `edit` (bench/spec_decode.sh's: a ~500-token source file and "rewrite it with one
 # identifier renamed", greedy, EOS ends it, up to 700 tokens) and `stories` (open-ended stories,
@@ -28,6 +29,11 @@ cd "$REPO"
 THREADS="${THREADS:-2}" REPS="${REPS:-3}" FORMATS="${FORMATS:-f16 q8_0 q4_1 q4_k_m}"
 STREAMS="${STREAMS:-1 4}" STORY_STREAMS="${STORY_STREAMS:-$STREAMS}" WORKLOADS="${WORKLOADS:-edit stories sampled}"
 K="${K:-4}" LOOKUP_MIN="${LOOKUP_MIN:-2}" LOOKUP_MAX="${LOOKUP_MAX:-5}"
+# Requests in `sampled` at 1 stream, sent in turns to an off and an n-gram server that are up at once
+# (bench/spec_interleaved.py): one 256-token story lasts ~2–3 s, and separate runs of 8 in ABBA order
+# still swung 0.89–1.05× between reps on this machine (its plain decode steps alone differed by up to
+# 10% between two runs), so the control interleaves.
+SAMPLED_REQUESTS="${SAMPLED_REQUESTS:-8}"
 TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
 MODELS="${MODELFLEET_BENCH_MODELS:-$HOME/.cache/modelfleet/bench-models}"
 PORT="${PORT:-18740}"
@@ -89,9 +95,9 @@ wait_up() {
   echo "server did not come up: $(tail -3 "$WORK/server.log")" >&2; return 1
 }
 
-# counters: the server's cumulative figures, "name value" lines, for the fields below.
+# counters [ADMIN_PORT]: the server's cumulative figures, "name value" lines, for the fields below.
 counters() {
-  curl -sf "http://127.0.0.1:$((PORT + 1))/metrics" | awk '
+  curl -sf "http://127.0.0.1:${1:-$((PORT + 1))}/metrics" | awk '
     $1 ~ /^(vllm:spec_decode_num_(drafts|draft_tokens|accepted_tokens)_total|modelfleet_spec_decode_(proposed_tokens|gate_kept_tokens)_total|modelfleet_engine_(steps|model_seconds|(decode|verify)_(steps|positions|seconds))_total)/ {
       sub(/\{.*/, "", $1); print $1, $2 }'
 }
@@ -116,8 +122,8 @@ run() {
   case $workload in
     edit) args=(--prompts "$WORK/edit.json" --chat --eos --no-stream --max-tokens 700 --requests 1) ;;
     stories) args=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256 --requests 1) ;;
-    sampled) args=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256 --requests 1
-                   --temperature 1.0 --seed 1) ;;
+    sampled) args=(--prompts "$WORK/stories.json" --chat --no-stream --max-tokens 256
+                   --requests "$SAMPLED_REQUESTS" --temperature 1.0 --seed 1) ;;
   esac
   if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
     echo "port $PORT already answers: stop that server first" >&2; exit 1
@@ -141,13 +147,44 @@ run() {
   echo "$line" | sed "s/^{/{\"format\": \"$fmt\", \"config\": \"$config\", \"workload\": \"$workload\", \"rep\": $rep, $same$(fields "$WORK/before" "$WORK/after")/"
 }
 
+# start CONFIG PORT: a server of $fmt on PORT (admin PORT + 1), warmed up; its pid in $pid.
+start() {
+  local spec=()
+  [[ $1 == ngram ]] && spec=(--speculative-config "$ngram_cfg")
+  "$SERVER_BIN" serve --model "$(model "$fmt")" --served-model-name m --port "$2" \
+    --admin-port $(($2 + 1)) --threads "$THREADS" --max-num-seqs 64 --max-model-len 2048 \
+    --kv-cache-dtype float16 "${spec[@]}" >"$WORK/server-$2.log" 2>&1 &
+  pid=$!
+  PORT=$2 wait_up
+  python3 bench/loadgen.py --url "http://127.0.0.1:$2" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
+}
+
+# interleaved FORMAT REP -> two JSON lines (off, ngram) of the `sampled` control: both servers up at
+# once, asked in turns (bench/spec_interleaved.py), so the machine's slow spells fall on both sides.
+interleaved() {
+  local fmt=$1 rep=$2 off_pid on_pid a b
+  start off "$PORT"; off_pid=$pid
+  start ngram $((PORT + 2)); on_pid=$pid
+  counters $((PORT + 1)) >"$WORK/before-off"; counters $((PORT + 3)) >"$WORK/before-ngram"
+  a="$WORK/texts-$fmt-sampled-1-$rep-off.json" b="$WORK/texts-$fmt-sampled-1-$rep-ngram.json"
+  python3 bench/spec_interleaved.py --off "http://127.0.0.1:$PORT" --on "http://127.0.0.1:$((PORT + 2))" \
+    --model m --prompts "$WORK/stories.json" --chat --max-tokens 256 --temperature 1.0 --seed 1 \
+    --requests "$SAMPLED_REQUESTS" --save-texts-off "$a" --save-texts-on "$b" >"$WORK/sides"
+  counters $((PORT + 1)) >"$WORK/after-off"; counters $((PORT + 3)) >"$WORK/after-ngram"
+  kill "$off_pid" "$on_pid"; wait "$off_pid" "$on_pid" 2>/dev/null || true
+  local same; same="$(cmp -s "$a" "$b" && echo true || echo false)"
+  sed -n 's/^{"side": "off", /{"format": "'"$fmt"'", "config": "off", "workload": "sampled", "rep": '"$rep"', "interleaved": true, '"$(fields "$WORK/before-off" "$WORK/after-off")"'/p' "$WORK/sides"
+  sed -n 's/^{"side": "on", /{"format": "'"$fmt"'", "config": "ngram", "workload": "sampled", "rep": '"$rep"', "interleaved": true, "same_text_as_other": '"$same"', '"$(fields "$WORK/before-ngram" "$WORK/after-ngram")"'/p' "$WORK/sides"
+}
+
 {
   for rep in $(seq 1 "$REPS"); do
     for fmt in $FORMATS; do
       for workload in $WORKLOADS; do
         streams="$STREAMS"; [[ $workload == edit ]] || streams="$STORY_STREAMS"
         for n in $streams; do
-          if (( rep % 2 )); then run "$fmt" off "$workload" "$n" "$rep"; run "$fmt" ngram "$workload" "$n" "$rep"
+          if [[ $workload == sampled && $n == 1 ]]; then interleaved "$fmt" "$rep"
+          elif (( rep % 2 )); then run "$fmt" off "$workload" "$n" "$rep"; run "$fmt" ngram "$workload" "$n" "$rep"
           else run "$fmt" ngram "$workload" "$n" "$rep"; run "$fmt" off "$workload" "$n" "$rep"; fi
         done
       done
