@@ -10,6 +10,7 @@
 #   bench/gateway_overhead.sh                       # PAIRS=5 CLIENTS=1,64 PHASE_SECONDS=3
 #   STREAM=1 bench/gateway_overhead.sh              # SSE answers (4 events) instead of one JSON body
 #   EXTRA="--log-file none" bench/gateway_overhead.sh   # without the gateway's request log
+#   EXTRA=--fallback bench/gateway_overhead.sh     # every request moved by spec.fallback (its cost)
 #   EXTRA="--traces http://127.0.0.1:4318" bench/gateway_overhead.sh   # every request traced, exported
 #                                                   # to that collector (no request log: compare with
 #                                                   # EXTRA="--log-file none"; bench/traces.sh starts one)

@@ -47,6 +47,11 @@ pub async fn ready_deployment(
             Some(d) if !d.pods.is_empty() => return Ok(d),
             Some(_) => {}
         }
+        // A wait already over (a fallback's `noReadyReplicaWaitSeconds: 0`) ends here: a timer, even
+        // one due now, fires at the timer wheel's next millisecond tick.
+        if Instant::now() >= until {
+            return Err(no_ready_replica(model));
+        }
         if waiting.is_none() {
             // The span lasts as long as the wait (scale from zero, or every pod gone).
             let span = tracing::info_span!("wait_for_replica", gen_ai.request.model = %model);
@@ -60,16 +65,19 @@ pub async fn ready_deployment(
                     "the gateway is shutting down",
                 ));
             }
-            Err(_) => {
-                return Err(ApiError {
-                    code: Some("no_ready_replica".into()),
-                    ..ApiError::new(
-                        ApiErrorKind::Timeout,
-                        format!("`{model}` had no ready replica before the request's deadline"),
-                    )
-                });
-            }
+            Err(_) => return Err(no_ready_replica(model)),
         }
+    }
+}
+
+/// The 504 of a request whose deployment had no Ready replica in time.
+fn no_ready_replica(model: &str) -> ApiError {
+    ApiError {
+        code: Some("no_ready_replica".into()),
+        ..ApiError::new(
+            ApiErrorKind::Timeout,
+            format!("`{model}` had no ready replica before the request's deadline"),
+        )
     }
 }
 

@@ -21,8 +21,9 @@ use clap::Parser;
 use common::{COMPLETION, COMPLETION_CHUNKS, Mode, deployment};
 use modelfleet_api::listener::{Limits, serve};
 use modelfleet_api::tenants::Tenants;
+use modelfleet_crds::{FallbackSpec, FallbackTarget, FallbackTrigger};
 use modelfleet_gateway::config::{RunArgs, secs};
-use modelfleet_gateway::fleet::{Fleet, Tenancy};
+use modelfleet_gateway::fleet::{DeploymentId, Fleet, Pod, Tenancy};
 use modelfleet_gateway::routes;
 use modelfleet_gateway::state::{Gateway, Settings};
 use std::sync::Arc;
@@ -59,6 +60,34 @@ struct Args {
     /// lines then go nowhere (compare with `--log-file none`).
     #[arg(long)]
     traces: Option<String>,
+    /// Every request is moved by `spec.fallback`: the deployment asked for has no pod and falls back
+    /// at once (`noReadyReplicaWaitSeconds: 0`) to one with the upstream (compare with a run without:
+    /// the difference is the fallback decision's cost).
+    #[arg(long)]
+    fallback: bool,
+}
+
+/// The gateway's fleet: deployment `chat` (`llama`) with `pod`; with `fallback`, `chat` has no pod and
+/// falls back to `small` (`smol`), which has it.
+fn bench_fleet(pod: &Pod, tenancy: Tenancy, fallback: bool) -> Fleet {
+    if !fallback {
+        return Fleet::new(vec![deployment(std::slice::from_ref(pod), tenancy, &[])], true);
+    }
+    let mut primary = deployment(&[], tenancy.clone(), &[]);
+    primary.fallback = Some(Arc::new(FallbackSpec {
+        no_ready_replica_wait_seconds: 0,
+        targets: vec![FallbackTarget {
+            model_deployment: "small".into(),
+            triggers: vec![FallbackTrigger::NoReadyReplica],
+        }],
+    }));
+    let mut small = deployment(std::slice::from_ref(pod), tenancy, &[]);
+    small.id = DeploymentId {
+        namespace: "ns".into(),
+        name: "small".into(),
+    };
+    small.served_name = "smol".into();
+    Fleet::new(vec![primary, small], true)
 }
 
 /// The gateway's flags at their defaults (their env twins apply), as `modelfleet-gateway run` sees them.
@@ -153,7 +182,7 @@ fn main() {
         let text = format!("tenants:\n- id: bench\n  apiKeys: [{KEY}]\n");
         Tenancy::Keys(Arc::new(Tenants::parse(&text).expect("a tenants file")))
     };
-    let fleet = Fleet::new(vec![deployment(std::slice::from_ref(&pod), tenancy, &[])], true);
+    let fleet = bench_fleet(&pod, tenancy, args.fallback);
     let (fleet_tx, gw_addr) = gw_rt.block_on(async {
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(fleet));
         let gw = Gateway::new(
