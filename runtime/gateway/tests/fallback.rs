@@ -45,27 +45,6 @@ fn other(name: &str, served: &str, pods: &[Pod], tenancy: Tenancy) -> Deployment
     d
 }
 
-async fn post(
-    gw: &TestGateway,
-    body: &serde_json::Value,
-    key: Option<&str>,
-) -> (u16, reqwest::header::HeaderMap, String) {
-    let mut r = client().post(gw.url("/v1/chat/completions")).json(body);
-    if let Some(k) = key {
-        r = r.bearer_auth(k);
-    }
-    let resp = r.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.text().await.unwrap_or_default())
-}
-
-fn header(h: &reqwest::header::HeaderMap, name: &str) -> String {
-    h.get(name)
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default()
-}
-
 fn fallbacks(gw: &TestGateway, reason: &str, result: &str) -> f64 {
     gw.metrics()
         .lines()
@@ -97,7 +76,7 @@ async fn a_deployment_without_ready_pods_hands_requests_to_its_fallback_then_tak
     let gw = TestGateway::start(settings(port), fleet, 8).await;
     for stream in [false, true] {
         let began = Instant::now();
-        let (status, h, body) = post(&gw, &chat("hello", stream), None).await;
+        let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("hello", stream), None).await;
         let took = began.elapsed();
         assert_eq!(status, 200, "{body}");
         assert_eq!(header(&h, SERVED_BY), "ns/small");
@@ -130,7 +109,7 @@ async fn a_deployment_without_ready_pods_hands_requests_to_its_fallback_then_tak
         ),
         other("small", "smol", std::slice::from_ref(&small), Tenancy::Open),
     ]);
-    let (status, h, body) = post(&gw, &chat("hello", false), None).await;
+    let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("hello", false), None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(header(&h, SERVED_BY), "ns/chat");
     assert_eq!(header(&h, "x-modelfleet-pod"), big.name);
@@ -157,7 +136,7 @@ async fn saturation_moves_a_request_a_reset_never_does() {
     for p in &pods[..2] {
         p.set(Mode::Status(429, "queue_full"));
     }
-    let (status, h, body) = post(&gw, &chat("busy", true), None).await;
+    let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("busy", true), None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(header(&h, SERVED_BY), "ns/small");
     assert_eq!((pods[0].hits(), pods[1].hits(), pods[2].hits()), (1, 1, 1));
@@ -166,7 +145,7 @@ async fn saturation_moves_a_request_a_reset_never_does() {
     for p in &pods[..2] {
         p.set(Mode::Reset);
     }
-    let (status, h, body) = post(&gw, &chat("reset", false), None).await;
+    let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("reset", false), None).await;
     assert_eq!(status, 502, "{body}");
     assert_eq!(header(&h, SERVED_BY), "ns/chat");
     assert_eq!(pods[2].hits(), 1, "nothing moved after a reset");
@@ -176,7 +155,7 @@ async fn saturation_moves_a_request_a_reset_never_does() {
         other("small", "smol", &[pods[2].pod()], Tenancy::Open),
     ]);
     let began = Instant::now();
-    let (status, _, body) = post(&gw, &chat("nobody", false), None).await;
+    let (status, _, body) = post(&gw.url("/v1/chat/completions"), &chat("nobody", false), None).await;
     assert_eq!(status, 504, "{body}");
     assert!(
         began.elapsed() >= Duration::from_secs(4),
@@ -205,7 +184,12 @@ async fn a_target_that_does_not_know_the_callers_key_as_the_same_tenant_is_passe
     );
     let gw = TestGateway::start(settings(port), fleet, 8).await;
     pods[0].set(Mode::Status(429, "queue_full"));
-    let (status, h, body) = post(&gw, &chat("hi", false), Some("sk-tenant-a")).await;
+    let (status, h, body) = post(
+        &gw.url("/v1/chat/completions"),
+        &chat("hi", false),
+        Some("sk-tenant-a"),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(header(&h, SERVED_BY), "ns/small");
     assert_eq!(
@@ -222,7 +206,12 @@ async fn a_target_that_does_not_know_the_callers_key_as_the_same_tenant_is_passe
     assert_eq!(fallbacks(&gw, "saturated", "moved"), 1.0);
     // With nowhere to go, the client hears the deployment's own refusal.
     pods[2].set(Mode::Status(429, "queue_full"));
-    let (status, h, body) = post(&gw, &chat("hi", false), Some("sk-tenant-a")).await;
+    let (status, h, body) = post(
+        &gw.url("/v1/chat/completions"),
+        &chat("hi", false),
+        Some("sk-tenant-a"),
+    )
+    .await;
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("queue_full"), "{body}");
     assert_eq!(

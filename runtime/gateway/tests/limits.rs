@@ -11,25 +11,6 @@ use modelfleet_gateway::limits::Prices;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-async fn post(url: &str, body: &serde_json::Value, key: &str) -> (u16, reqwest::header::HeaderMap, String) {
-    let resp = client()
-        .post(url)
-        .json(body)
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.text().await.unwrap_or_default())
-}
-
-fn header(h: &reqwest::header::HeaderMap, name: &str) -> String {
-    h.get(name)
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default()
-}
-
 /// The value of the metric line that starts with `prefix`, if any.
 fn metric(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
@@ -60,7 +41,7 @@ async fn limited_tenants_get_openai_headers_and_429s_that_never_reach_a_pod() {
     let gw = TestGateway::start(settings(port), Fleet::new(vec![d], true), 8).await;
     let url = gw.url("/v1/chat/completions");
     for (i, stream) in [false, true, false].into_iter().enumerate() {
-        let (status, h, body) = post(&url, &chat("limited", stream), "sk-tenant-a").await;
+        let (status, h, body) = post(&url, &chat("limited", stream), Some("sk-tenant-a")).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(header(&h, "x-ratelimit-limit-requests"), "3");
         assert_eq!(header(&h, "x-ratelimit-remaining-requests"), (2 - i).to_string());
@@ -75,7 +56,7 @@ async fn limited_tenants_get_openai_headers_and_429s_that_never_reach_a_pod() {
         }
     }
     let hits: usize = pods.iter().map(|p| p.hits()).sum();
-    let (status, h, body) = post(&url, &chat("limited", false), "sk-tenant-a").await;
+    let (status, h, body) = post(&url, &chat("limited", false), Some("sk-tenant-a")).await;
     assert_eq!(status, 429, "{body}");
     assert!(
         body.contains("rate_limit_exceeded") && body.contains("requestsPerMinute 3"),
@@ -90,7 +71,7 @@ async fn limited_tenants_get_openai_headers_and_429s_that_never_reach_a_pod() {
         "refused at the gateway"
     );
     // Another tenant is not limited, and gets no rate-limit headers.
-    let (status, h, _) = post(&url, &chat("free", false), "sk-tenant-b").await;
+    let (status, h, _) = post(&url, &chat("free", false), Some("sk-tenant-b")).await;
     assert_eq!(status, 200);
     assert!(h.get("x-ratelimit-limit-requests").is_none());
     // Usage from the pods' reports: 7 prompt tokens (2 cached) each; 1 completion token per JSON

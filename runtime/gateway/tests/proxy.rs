@@ -14,21 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn post(
-    url: &str,
-    body: &serde_json::Value,
-    key: Option<&str>,
-) -> (u16, reqwest::header::HeaderMap, String) {
-    let mut r = client().post(url).json(body);
-    if let Some(k) = key {
-        r = r.bearer_auth(k);
-    }
-    let resp = r.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.text().await.unwrap_or_default())
-}
-
 fn pod_of(headers: &reqwest::header::HeaderMap) -> String {
     headers
         .get("x-modelfleet-pod")

@@ -379,3 +379,26 @@ pub fn client() -> reqwest::Client {
 pub fn chat(prompt: &str, stream: bool) -> serde_json::Value {
     serde_json::json!({"model": "llama", "stream": stream, "messages": [{"role": "user", "content": prompt}], "tools": [{"type": "function"}]})
 }
+
+/// POSTs `body` to `url` (with `key` as the bearer token, if any): status, headers, body text.
+pub async fn post(
+    url: &str,
+    body: &serde_json::Value,
+    key: Option<&str>,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut r = client().post(url).json(body);
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let resp = r.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.text().await.unwrap_or_default())
+}
+
+/// Header `name` as text (empty if absent).
+pub fn header(h: &reqwest::header::HeaderMap, name: &str) -> String {
+    h.get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
