@@ -7,6 +7,7 @@
 //!   tools (`tools`, `tool_choice`), checked for shape and size; one constraint per request.
 //! - [`embeddings`]: `POST /v1/embeddings`' request and response (float or base64).
 //! - [`response`]: the response bodies (also the OpenAPI schemas).
+//! - [`deadline`]: the first-token deadline's header and error code (gateway → pod → gateway).
 //! - [`error`]: the one mapping from failures to OpenAI's error shape and HTTP status codes (with the
 //!   `axum` feature, `IntoResponse` for it).
 //! - [`tenants`]: the tenants file (API keys → tenants and quotas), parsed and checked in constant time.
@@ -20,6 +21,7 @@
 //! Invariants: no engine, no HTTP server state; nothing here logs or echoes an API key.
 
 pub mod adapters;
+pub mod deadline;
 pub mod embeddings;
 pub mod error;
 pub mod exposition;

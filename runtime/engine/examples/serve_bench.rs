@@ -164,6 +164,7 @@ fn request(md: &ModelDir, tenant: &str, prompt: Vec<u32>, max_tokens: usize) -> 
         params,
         arrival: Instant::now(),
         deadline: None,
+        first_token_deadline: None,
     })
 }
 

@@ -138,6 +138,7 @@ fn request(
         params,
         arrival: Instant::now(),
         deadline: None,
+        first_token_deadline: None,
     })
 }
 

@@ -75,6 +75,7 @@ fn request(h: &EngineHandle, prompt: Vec<u32>, p: SamplingParams) -> Request {
         params: p.validate(h.model_dir().config.vocab_size).unwrap(),
         arrival: Instant::now(),
         deadline: None,
+        first_token_deadline: None,
     }
 }
 

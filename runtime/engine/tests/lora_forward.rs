@@ -285,6 +285,7 @@ fn request(h: &EngineHandle, prompt: Vec<u32>, adapter: Option<Arc<LoraAdapter>>
         .unwrap(),
         arrival: Instant::now(),
         deadline: None,
+        first_token_deadline: None,
     }
 }
 

@@ -134,6 +134,7 @@ fn request(h: &EngineHandle, c: &Case) -> Request {
         params: c.params.clone().validate(md.config.vocab_size).unwrap(),
         arrival: Instant::now(),
         deadline: None,
+        first_token_deadline: None,
     }
 }
 

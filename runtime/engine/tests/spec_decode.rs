@@ -92,6 +92,7 @@ fn request(h: &EngineHandle, prompt: Vec<u32>, params: SamplingParams) -> Reques
         params: params.validate(h.model_dir().config.vocab_size).unwrap(),
         arrival: Instant::now(),
         deadline: None,
+        first_token_deadline: None,
     }
 }
 

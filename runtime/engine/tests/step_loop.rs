@@ -70,6 +70,7 @@ fn request(h: &EngineHandle, tenant: &str, prompt: Vec<u32>, max_tokens: usize) 
         .unwrap(),
         arrival: Instant::now(),
         deadline: None,
+        first_token_deadline: None,
     }
 }
 

@@ -123,6 +123,7 @@ fn main() -> Result<(), Error> {
                 .validate(vocab)?,
                 arrival: Instant::now(),
                 deadline: None,
+                first_token_deadline: None,
             };
             let mut stream = handle
                 .submit(r, TenantLimits::default())

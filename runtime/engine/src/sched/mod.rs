@@ -16,7 +16,7 @@ pub mod scheduler;
 pub mod step_loop;
 
 pub use admission::{AdmissionGate, QueueLimits, Rejection, TenantLimits};
-pub use request::{Finished, Request, RequestEvent, Timings, TokenOut, Usage};
+pub use request::{FIRST_TOKEN_DEADLINE, Finished, Request, RequestEvent, Timings, TokenOut, Usage};
 pub use scheduler::{
     AdapterCount, Batch, FinishHook, SchedCounters, ScheduledSeq, Scheduler, SchedulerConfig,
 };

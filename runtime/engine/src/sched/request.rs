@@ -35,7 +35,15 @@ pub struct Request {
     /// When it must be finished; before its first token it then ends with [`FinishReason::Timeout`]
     /// and no output, after it with whatever was generated.
     pub deadline: Option<Instant>,
+    /// When its first token must have been sampled: if it has not by then, it ends with
+    /// [`FinishReason::Timeout`], no output and [`Finished::error_type`]
+    /// [`FIRST_TOKEN_DEADLINE`] (the server answers 504 `first_token_deadline`, which a gateway may
+    /// move elsewhere); after the first token it no longer matters.
+    pub first_token_deadline: Option<Instant>,
 }
+
+/// [`Finished::error_type`] of a request whose first-token deadline passed.
+pub const FIRST_TOKEN_DEADLINE: &str = "first_token_deadline";
 
 /// Token counts of a finished request (the API's `usage`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -28,7 +28,9 @@
 
 use super::admission::AdmissionGate;
 use super::fair_queue::{FairQueue, QueueKey};
-use super::request::{EventSender, Finished, Request, RequestEvent, Submitted, Timings, TokenOut, Usage};
+use super::request::{
+    EventSender, FIRST_TOKEN_DEADLINE, Finished, Request, RequestEvent, Submitted, Timings, TokenOut, Usage,
+};
 use crate::kv::{BlockHash, BlockPool, HashExtras, KvCacheManager, PrefixCachingPool, RequestId, hash_block};
 use crate::lora::LoraAdapter;
 use crate::model::{Logits, LogitsRows, SeqInput};
@@ -143,6 +145,8 @@ struct Entry {
     phase: Phase,
     cached_tokens: usize,
     deadline: Option<Instant>,
+    /// Kept in `deadlines` too while it is earlier than `deadline`.
+    first_token_deadline: Option<Instant>,
     timings: Timings,
     /// Speculative decoding state.
     spec: SpecState,
@@ -511,7 +515,7 @@ impl Scheduler {
         if let Some(d) = &mut self.draft_kv {
             d.release(id);
         }
-        if let Some(d) = e.deadline {
+        for d in [e.deadline, e.first_token_deadline].into_iter().flatten() {
             self.deadlines.remove(&(d, id));
         }
         self.gate.left(&e.tenant, e.prompt_len, e.phase == Phase::Waiting);

@@ -14,7 +14,7 @@
 use modelfleet_api::error::{ApiError, ApiErrorKind};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest marker accepted.
 pub const MAX_MARKER_BYTES: usize = 256;
@@ -38,10 +38,22 @@ impl Faults {
         }
     }
 
-    /// Holds the request `--fault-delay-ms`, then fails it if it falls in `--fault-error-percent`.
-    pub async fn degrade(&self) -> Result<(), ApiError> {
+    /// Holds the request `--fault-delay-ms` from its `arrival`, then fails it if it falls in
+    /// `--fault-error-percent`. A first-token deadline (`first_token_by`) that passes during the hold
+    /// ends it there, as the engine would.
+    pub async fn degrade(&self, arrival: Instant, first_token_by: Option<Instant>) -> Result<(), ApiError> {
         if !self.delay.is_zero() {
-            tokio::time::sleep(self.delay).await;
+            let until = arrival + self.delay;
+            match first_token_by {
+                Some(by) if by <= until => {
+                    tokio::time::sleep_until(by.into()).await;
+                    let ms = by.saturating_duration_since(arrival).as_millis();
+                    return Err(modelfleet_api::deadline::passed(format!(
+                        "no first token within the first-token deadline ({ms} ms after arrival)"
+                    )));
+                }
+                _ => tokio::time::sleep_until(until.into()).await,
+            }
         }
         if self.error_percent == 0 {
             return Ok(());
@@ -90,7 +102,7 @@ mod tests {
         let f = Faults::new(20, Duration::ZERO);
         let mut failed = vec![];
         for i in 0..100 {
-            if f.degrade().await.is_err() {
+            if f.degrade(Instant::now(), None).await.is_err() {
                 failed.push(i);
             }
         }
@@ -100,6 +112,20 @@ mod tests {
                 4, 9, 14, 19, 24, 29, 34, 39, 44, 49, 54, 59, 64, 69, 74, 79, 84, 89, 94, 99
             ]
         );
-        assert!(Faults::default().degrade().await.is_ok());
+        assert!(Faults::default().degrade(Instant::now(), None).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_first_token_deadline_cuts_the_hold_short() {
+        let f = Faults::new(0, Duration::from_millis(5_000));
+        let t0 = Instant::now();
+        let e = f
+            .degrade(t0, Some(t0 + Duration::from_millis(30)))
+            .await
+            .unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert_eq!(e.code.as_deref(), Some(modelfleet_api::deadline::CODE));
+        let f = Faults::new(0, Duration::from_millis(20));
+        assert!(f.degrade(t0, Some(t0 + Duration::from_secs(60))).await.is_ok());
     }
 }

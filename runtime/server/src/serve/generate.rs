@@ -17,7 +17,9 @@ use crate::tenants::Tenant;
 use futures::stream::{self, StreamExt};
 use modelfleet_engine::lora::LoraAdapter;
 use modelfleet_engine::sampling::{SampleOutput, ValidSamplingParams};
-use modelfleet_engine::sched::{Finished, Rejection, Request, RequestEvent, RequestStream, TenantLimits};
+use modelfleet_engine::sched::{
+    FIRST_TOKEN_DEADLINE, Finished, Rejection, Request, RequestEvent, RequestStream, TenantLimits,
+};
 use modelfleet_engine::stop::FinishReason;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +52,9 @@ pub struct JobSpec {
     pub model: String,
     /// The adapter's weights, for a request naming an adapter (see [`acquire_adapter`]).
     pub adapter: Option<Arc<LoraAdapter>>,
+    /// When its first token is due (`modelfleet_api::deadline`): past it, with no token sampled, the
+    /// request ends and is answered 504 `first_token_deadline`.
+    pub first_token_by: Option<Instant>,
 }
 
 impl JobSpec {
@@ -117,6 +122,7 @@ pub fn submit(st: &AppState, job: &JobSpec, choices: Vec<ChoiceSpec>) -> Result<
                 params: c.params,
                 arrival: job.arrival,
                 deadline: Some(deadline),
+                first_token_deadline: job.first_token_by,
             }
         })
         .collect();
@@ -213,6 +219,9 @@ pub fn early_failure(st: &AppState, f: &Finished) -> Option<ApiError> {
     }
     let message = f.message.clone().unwrap_or_else(|| f.reason.as_str().into());
     match f.reason {
+        FinishReason::Timeout if f.error_type == Some(FIRST_TOKEN_DEADLINE) => {
+            Some(modelfleet_api::deadline::passed(message))
+        }
         FinishReason::Timeout => Some(ApiError::new(ApiErrorKind::Timeout, message)),
         FinishReason::Error if st.engine.failure().is_some() => {
             Some(ApiError::new(ApiErrorKind::Unavailable, message))

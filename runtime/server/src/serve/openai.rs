@@ -17,6 +17,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use modelfleet_api::deadline;
 use modelfleet_api::limits::USAGE_HEADER;
 use modelfleet_engine::sampling::SampleOutput;
 use std::sync::Arc;
@@ -69,6 +70,15 @@ fn choice_specs(
     Ok(out)
 }
 
+/// A request as read: who asks, the parsed body, when it arrived, and when its first token is due
+/// (the `x-modelfleet-first-token-deadline-ms` header, if sent).
+struct Read<T> {
+    tenant: Arc<crate::tenants::Tenant>,
+    req: T,
+    arrival: Instant,
+    first_token_by: Option<Instant>,
+}
+
 /// Who is asking and what: the key checked from the headers before a byte of the body is read, then
 /// the body (bounded) parsed strictly off the async workers; with its arrival time.
 async fn read_request<T: Send + 'static>(
@@ -76,15 +86,22 @@ async fn read_request<T: Send + 'static>(
     headers: &HeaderMap,
     raw: Body,
     parse: fn(&[u8]) -> Result<T, ApiError>,
-) -> Result<(Arc<crate::tenants::Tenant>, T, Instant), ApiError> {
+) -> Result<Read<T>, ApiError> {
     let arrival = Instant::now();
     let tenant = st.authenticate(headers)?;
     super::trace::tenant(&tenant.id);
     st.check_open(&tenant)?;
+    let first_token_by = deadline::from_headers(headers)?.map(|d| arrival + d);
     let bytes = body::read(raw, st.body).await?;
     st.faults.check(&bytes, st.termination_log.as_deref());
-    st.faults.degrade().await?;
-    Ok((tenant, prompt::parse(st, bytes, parse).await?, arrival))
+    st.faults.degrade(arrival, first_token_by).await?;
+    let req = prompt::parse(st, bytes, parse).await?;
+    Ok(Read {
+        tenant,
+        req,
+        arrival,
+        first_token_by,
+    })
 }
 
 /// The SSE answer; a choice's constraint that gave out before its first token names its field.
@@ -120,7 +137,12 @@ pub async fn chat(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, ApiError> {
-    let (tenant, req, arrival) = read_request(&st, &headers, raw, wire::parse_chat).await?;
+    let Read {
+        tenant,
+        req,
+        arrival,
+        first_token_by,
+    } = read_request(&st, &headers, raw, wire::parse_chat).await?;
     let ValidChat { v, plan } = validate::chat(&st, tenant, &req, arrival)
         .instrument(info_span!("validate"))
         .await?;
@@ -140,6 +162,7 @@ pub async fn chat(
     let start = start.map(|s| s.constrained(v.base.constraint.is_some()));
     let specs = choice_specs(&st, vec![ids], v.base, v.n)?;
     let mut job = v.job;
+    job.first_token_by = first_token_by;
     job.adapter = generate::acquire_adapter(&st, &v.choice, &job)
         .instrument(info_span!("adapter"))
         .await?;
@@ -239,7 +262,12 @@ pub async fn completions(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, ApiError> {
-    let (tenant, mut req, arrival) = read_request(&st, &headers, raw, wire::parse_completion).await?;
+    let Read {
+        tenant,
+        mut req,
+        arrival,
+        first_token_by,
+    } = read_request(&st, &headers, raw, wire::parse_completion).await?;
     let v = validate::completions(&st, tenant, &req, arrival)
         .instrument(info_span!("validate"))
         .await?;
@@ -262,6 +290,7 @@ pub async fn completions(
     };
     let specs = choice_specs(&st, prompts, v.base, v.n)?;
     let mut job = v.job;
+    job.first_token_by = first_token_by;
     job.adapter = generate::acquire_adapter(&st, &v.choice, &job)
         .instrument(info_span!("adapter"))
         .await?;

@@ -171,6 +171,7 @@ fn job(
         arrival,
         model: model.to_owned(),
         adapter: None,
+        first_token_by: None,
     })
 }
 

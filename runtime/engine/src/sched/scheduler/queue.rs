@@ -24,7 +24,10 @@ impl Scheduler {
             params,
             arrival,
             deadline,
+            first_token_deadline,
         } = r;
+        // A first-token deadline at or past the request's own deadline adds nothing.
+        let first_token_deadline = first_token_deadline.filter(|f| deadline.is_none_or(|d| *f < d));
         let prompt_len = prompt.len();
         let most = prompt_len
             .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
@@ -51,6 +54,7 @@ impl Scheduler {
             phase: Phase::Waiting,
             cached_tokens: 0,
             deadline,
+            first_token_deadline,
             spec: SpecState::default(),
             timings: Timings {
                 arrival,
@@ -63,7 +67,7 @@ impl Scheduler {
         };
         let tenant = entry.tenant.clone();
         self.queue.push(&tenant, key, id, prompt_len);
-        if let Some(d) = deadline {
+        for d in [deadline, first_token_deadline].into_iter().flatten() {
             self.deadlines.insert((d, id));
         }
         self.entries.insert(id, entry);
@@ -106,20 +110,39 @@ impl Scheduler {
         self.finish(id, reason, tail, message);
     }
 
-    /// Ends requests whose deadline passed.
+    /// Ends requests whose deadline passed, and those whose first-token deadline passed before their
+    /// first token.
     pub(super) fn expire(&mut self, now: Instant, tok: &Tokenizer) {
         while let Some(&(d, id)) = self.deadlines.first() {
             if d > now {
                 break;
             }
             self.deadlines.pop_first();
-            let message = match self.entries.get(&id) {
-                Some(e) if e.tokens.len() > e.prompt_len => format!(
-                    "the request's deadline passed after {} generated tokens",
-                    e.tokens.len() - e.prompt_len
-                ),
-                Some(_) => "the request's deadline passed before its first token".to_owned(),
-                None => continue,
+            let Some(e) = self.entries.get(&id) else {
+                continue;
+            };
+            let generated = e.tokens.len() - e.prompt_len;
+            if e.first_token_deadline == Some(d) {
+                if generated == 0 {
+                    let message = format!(
+                        "no first token within the first-token deadline ({} ms after arrival)",
+                        d.saturating_duration_since(e.timings.arrival).as_millis()
+                    );
+                    let reason = FinishReason::Timeout;
+                    self.finish_as(
+                        id,
+                        reason,
+                        String::new(),
+                        Some(message),
+                        Some(FIRST_TOKEN_DEADLINE),
+                    );
+                }
+                continue;
+            }
+            let message = if generated > 0 {
+                format!("the request's deadline passed after {generated} generated tokens")
+            } else {
+                "the request's deadline passed before its first token".to_owned()
             };
             self.end_early(id, FinishReason::Timeout, Some(message), tok);
         }

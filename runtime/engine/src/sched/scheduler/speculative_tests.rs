@@ -114,6 +114,7 @@ impl Fake {
                 params: params.validate(self.tok.vocab_size()).unwrap(),
                 arrival: Instant::now(),
                 deadline: None,
+                first_token_deadline: None,
             },
             events,
         });

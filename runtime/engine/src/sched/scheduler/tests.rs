@@ -55,6 +55,7 @@ struct Req<'a> {
     max_tokens: usize,
     priority: i32,
     deadline: Option<Instant>,
+    first_token_deadline: Option<Instant>,
     adapter: Option<Arc<LoraAdapter>>,
 }
 
@@ -65,6 +66,7 @@ fn req(tenant: &str, prompt: Vec<u32>, max_tokens: usize) -> Req<'_> {
         max_tokens,
         priority: 0,
         deadline: None,
+        first_token_deadline: None,
         adapter: None,
     }
 }
@@ -112,6 +114,7 @@ impl Harness {
                 params,
                 arrival: Instant::now(),
                 deadline: r.deadline,
+                first_token_deadline: r.first_token_deadline,
             },
             events,
         });
@@ -438,6 +441,36 @@ fn deadlines_end_waiting_and_running_requests() {
     assert_eq!(f.reason, FinishReason::Timeout);
     assert!(f.message.unwrap().contains("after 2 generated tokens"));
     assert_eq!(h.s.kv.pool().num_in_use(), 0);
+}
+
+#[test]
+fn a_first_token_deadline_ends_only_a_request_without_its_first_token() {
+    let mut h = harness(1, 64, 16, 4);
+    let soon = Instant::now() + Duration::from_millis(30);
+    // One running request holds the only sequence slot; the second waits past its first-token
+    // deadline and ends with nothing, its type telling a gateway it may move it.
+    let running = h.add(Req {
+        first_token_deadline: Some(soon),
+        ..req("t", prompt(4, 1), 50)
+    });
+    h.step();
+    let waiting = h.add(Req {
+        first_token_deadline: Some(soon),
+        ..req("t", prompt(4, 2), 5)
+    });
+    h.step();
+    std::thread::sleep(Duration::from_millis(40));
+    h.step();
+    let f = h.finished(waiting).unwrap();
+    assert_eq!(f.reason, FinishReason::Timeout);
+    assert_eq!(f.error_type, Some(FIRST_TOKEN_DEADLINE));
+    assert_eq!(f.usage.completion_tokens, 0);
+    assert!(f.message.unwrap().contains("first-token deadline"));
+    // The running one had its first token: the deadline no longer matters, and it left `deadlines`.
+    assert!(h.finished(running).is_none());
+    assert_eq!(h.s.num_running(), 1);
+    assert!(h.s.deadlines.is_empty());
+    h.s.check_invariants();
 }
 
 #[test]
