@@ -18,17 +18,26 @@ pub enum FallbackTrigger {
     /// Every replica tried refused the request for load: a full queue (429 `queue_full`), or draining
     /// and not ready (503).
     Saturated,
+    /// No first token within the first-token deadline (`firstTokenDeadlineMilliseconds`, or the
+    /// caller's shorter `x-modelfleet-first-token-deadline-ms`): the pod gave the request up before
+    /// a byte of the answer was sent.
+    FirstTokenDeadline,
 }
 
 impl FallbackTrigger {
     /// Every trigger (what an empty `triggers` means).
-    pub const ALL: [FallbackTrigger; 2] = [FallbackTrigger::NoReadyReplica, FallbackTrigger::Saturated];
+    pub const ALL: [FallbackTrigger; 3] = [
+        FallbackTrigger::NoReadyReplica,
+        FallbackTrigger::Saturated,
+        FallbackTrigger::FirstTokenDeadline,
+    ];
 
     /// The metric label and span attribute value.
     pub fn label(self) -> &'static str {
         match self {
             FallbackTrigger::NoReadyReplica => "no_ready_replica",
             FallbackTrigger::Saturated => "saturated",
+            FallbackTrigger::FirstTokenDeadline => "first_token_deadline",
         }
     }
 }
@@ -44,7 +53,7 @@ pub struct FallbackTarget {
     /// The triggers this target takes (default: every one). (Not `on`: YAML 1.1 readers such as
     /// kubectl's take a bare `on` key for the boolean `true`.)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 2))]
+    #[schemars(length(max = 3))]
     pub triggers: Vec<FallbackTrigger>,
 }
 
@@ -64,6 +73,12 @@ pub struct FallbackSpec {
     #[serde(default = "default_wait")]
     #[schemars(range(min = 0, max = 600))]
     pub no_ready_replica_wait_seconds: i32,
+    /// How long a request may go without its first token on this deployment before it moves
+    /// (`FirstTokenDeadline`), counted from its arrival at the gateway; a caller may only shorten it
+    /// (`x-modelfleet-first-token-deadline-ms`). Unset: no deadline unless the caller sets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 600000))]
+    pub first_token_deadline_milliseconds: Option<i32>,
     /// The targets, first first.
     #[schemars(length(min = 1, max = 4))]
     pub targets: Vec<FallbackTarget>,

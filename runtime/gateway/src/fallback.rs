@@ -1,7 +1,9 @@
 //! Fallbacks (`spec.fallback` of a ModelDeployment): when a deployment cannot start a request — no
-//! Ready replica within `noReadyReplicaWaitSeconds` (`NoReadyReplica`), or every pod tried refused it
-//! for load or could not be reached (`Saturated`) — the request moves to the first target that takes
-//! that trigger, then the next, before the client has seen a byte. A target is another ModelDeployment
+//! Ready replica within `noReadyReplicaWaitSeconds` (`NoReadyReplica`), every pod tried refused it
+//! for load or could not be reached (`Saturated`), or no first token within the first-token deadline
+//! (`FirstTokenDeadline`: the pod gave the request up, or stayed silent and was cut) — the request
+//! moves to the first target that takes that trigger, then the next, before the client has seen a
+//! byte. On a target the deadline starts again, as long, while a later target takes it. A target is another ModelDeployment
 //! in the same namespace; the request goes there as the caller's own: the body's `model` becomes the
 //! target's served name, the caller's key must name the same tenant there (else the target is passed
 //! over: no key grants more by a move), and the tenant's limits and prices of the target apply (a new
@@ -9,7 +11,8 @@
 //! deployment that gave it (`x-modelfleet-served-by: namespace/name`).
 //!
 //! Invariants: a request moves only when no pod's handler may have started it (a connection reset is
-//! never moved, as it is never retried twice); a move is one step down one list (a target's own
+//! never moved, as it is never retried twice), or when its pod gave it up or had its connection closed
+//! at the first-token deadline (either way the pod cancels it: the client gets one answer); a move is one step down one list (a target's own
 //! fallbacks are not followed, so lists cannot loop); adapters never move (they belong to their base);
 //! the deployment the request was sent to counts each move as demand
 //! (`modelfleet_gateway_fallbacks_total`), so a deployment at zero still scales up while its fallback
@@ -18,7 +21,8 @@
 use crate::edge::Authorized;
 use crate::fleet::{Deployment, DeploymentId};
 use crate::limits::Who;
-use crate::proxy::{Job, Refused, attempt};
+use crate::proxy::{Job, attempt};
+use crate::refusal::Refused;
 use crate::state::Gateway;
 use axum::http::HeaderValue;
 use axum::response::Response;
@@ -48,6 +52,16 @@ pub async fn forward(gw: Arc<Gateway>, job: Job, spec: &FallbackSpec) -> Respons
             .any(|t| t.usable() && t.spec.takes(FallbackTrigger::NoReadyReplica));
         takes.then_some(wait)
     };
+    // A target's first-token deadline (as long as the first one) runs while a later target takes it.
+    let within = job
+        .first_token_by
+        .map(|by| by.saturating_duration_since(job.arrival));
+    let rearm = |from: usize| {
+        let takes = targets[from..]
+            .iter()
+            .any(|t| t.usable() && t.spec.takes(FallbackTrigger::FirstTokenDeadline));
+        within.filter(|_| takes).map(|w| tokio::time::Instant::now() + w)
+    };
     let mut outcome = attempt(&gw, job, waits(0))
         .await
         .map(|resp| served_by(resp, &origin));
@@ -64,7 +78,10 @@ pub async fn forward(gw: Arc<Gateway>, job: Job, spec: &FallbackSpec) -> Respons
         next = i + 1;
         let target = &targets[i];
         let moved = match target.take(&gw, *refused, &origin, trigger).await {
-            Ok(job) => job,
+            Ok(mut job) => {
+                job.first_token_by = rearm(next);
+                job
+            }
             Err(refused) => {
                 outcome = Err(refused);
                 continue;

@@ -34,6 +34,7 @@ pub mod mirror;
 pub mod pending;
 pub mod proxy;
 pub mod record;
+pub mod refusal;
 pub mod request;
 pub mod revision;
 pub mod ring;

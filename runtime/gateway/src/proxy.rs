@@ -7,7 +7,9 @@
 //! pod: it is retried at most once, and only when the pod is still there ([`crate::suspect`]); a pod
 //! that went away keeps the request (502 `upstream_failed`, logged with the tenant and a hash of the
 //! body), so one poison request takes down at most one replica. A tenant-quota 429 and every other
-//! answer go to the client as the pod gave them.
+//! answer go to the client as the pod gave them. With a first-token deadline (`Job::first_token_by`)
+//! each pod is told what is left of it; its 504 `first_token_deadline`, or its silence
+//! [`FIRST_TOKEN_GRACE`] past the deadline, ends the attempts without a retry ([`crate::refusal`]).
 //!
 //! Invariants: nothing is retried once a byte reached the client; a stream whose pod fails midway
 //! ends with `data: {"error": …}` and `data: [DONE]` (a JSON answer is cut off, which the client sees
@@ -23,6 +25,9 @@ use crate::limits::Lease;
 use crate::limits::meter::USAGE_HEADER;
 use crate::load::InflightGuard;
 use crate::record::Record;
+use crate::refusal::{
+    Failure, Refusal, Refused, Unstarted, broken_twice, exhausted, remember, timeout, went_away,
+};
 use crate::request::{Routed, affinity_key};
 use crate::revision::{Probe, status_ok};
 use crate::route::{Choice, choose, ready_deployment, wanted};
@@ -33,6 +38,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use modelfleet_api::deadline;
 use modelfleet_api::error::{ApiError, ApiErrorKind};
 use modelfleet_crds::FallbackTrigger;
 use std::sync::Arc;
@@ -85,6 +91,10 @@ pub struct Job {
     pub body: Bytes,
     /// First byte by then, or 504.
     pub deadline: Instant,
+    /// First token by then, or the request moves or is answered 504 `first_token_deadline`
+    /// (`modelfleet_api::deadline`): the pod is told what is left of it, and an attempt still
+    /// silent [`FIRST_TOKEN_GRACE`] later is cut.
+    pub first_token_by: Option<Instant>,
     /// When it arrived.
     pub arrival: Instant,
     /// Its share of the tenant's limits, settled when the answer ends.
@@ -93,19 +103,31 @@ pub struct Job {
     pub record: Record,
 }
 
+impl Job {
+    /// When an attempt stops waiting for its first byte: the deadline, or shortly after the
+    /// first-token deadline (the pod answers 504 `first_token_deadline` at it; one that does not
+    /// is cut).
+    fn first_byte_by(&self) -> Instant {
+        match self.first_token_by {
+            Some(by) => self.deadline.min(by + FIRST_TOKEN_GRACE),
+            None => self.deadline,
+        }
+    }
+
+    /// Whether the first-token deadline has passed.
+    pub fn late(&self) -> bool {
+        self.first_token_by.is_some_and(|by| Instant::now() >= by)
+    }
+}
+
+/// How long past the first-token deadline the gateway waits for the pod's own refusal.
+pub const FIRST_TOKEN_GRACE: Duration = Duration::from_millis(250);
+
 /// An answer from a pod that was not streamed (an error worth retrying, or the last one).
-struct Buffered {
+pub struct Buffered {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
-}
-
-/// Why an attempt failed before the first byte (another pod may do better).
-enum Failure {
-    /// The pod answered with an error worth retrying (kept to forward if no other pod does better).
-    Answer(Buffered, Pod),
-    /// The connection could not be made: the request never reached the pod.
-    Transport(String),
 }
 
 /// Forwards `job`, retrying as the module header says; a deployment with `spec.fallback` may move it
@@ -125,41 +147,10 @@ pub async fn forward(gw: Arc<Gateway>, job: Job) -> Response {
     }
 }
 
-/// Why a deployment could not start a request (what a fallback may take), and the request.
-pub struct Refused {
-    /// Why, and the answer the client gets if nothing takes the request.
-    pub refusal: Refusal,
-    /// The request, untouched by any pod.
-    pub job: Job,
-}
-
-/// A deployment's refusal: nothing reached a pod's handler, or every pod tried refused for load.
-pub struct Refusal {
-    /// What a fallback would be moving it for.
-    pub trigger: FallbackTrigger,
-    unstarted: Unstarted,
-}
-
-enum Unstarted {
-    /// No Ready replica before the wait ended (the 504 `no_ready_replica`).
-    NoReplica(ApiError),
-    /// Every pod tried refused or could not be reached (the last failure, for `model`).
-    Exhausted(Option<Failure>, String),
-}
-
-impl Refusal {
-    /// The answer for the client when nothing else takes the request.
-    pub fn answer(self, gw: &Gateway, record: &mut Record) -> Response {
-        match self.unstarted {
-            Unstarted::NoReplica(e) => fail(record, e),
-            Unstarted::Exhausted(last, model) => exhausted(gw, record, last, &model),
-        }
-    }
-}
-
 /// Tries `job` on its deployment (`job.auth.deployment`): waits for a Ready replica until the request's
-/// pending limit or, with `wait`, that long from now; then pods in turn as the module header says.
-/// `Err` when no pod started it: no Ready replica in time, or every pod tried refused it.
+/// pending limit, its first-token deadline or, with `wait`, that long from now; then pods in turn as
+/// the module header says. `Err` when no pod started it: no Ready replica in time, every pod tried
+/// refused it, or the first-token deadline passed before a byte was sent.
 pub async fn attempt(
     gw: &Arc<Gateway>,
     mut job: Job,
@@ -171,6 +162,9 @@ pub async fn attempt(
     let mut pending_until = job.deadline.min(job.arrival + gw.settings.max_pending_wait);
     if let Some(wait) = wait {
         pending_until = pending_until.min(Instant::now() + wait);
+    }
+    if let Some(by) = job.first_token_by {
+        pending_until = pending_until.min(by);
     }
     let scope = if job.auth.deployment.shared_prefix_cache {
         "deployment".to_string()
@@ -184,14 +178,14 @@ pub async fn attempt(
     let mut resets = 0u32;
     let mut previous: Option<String> = None;
     for attempt in 0..=gw.settings.retries {
+        if job.late() {
+            return refuse(job, Unstarted::Late(None, model));
+        }
         let d = match ready_deployment(gw, &id, &model, pending_until).await {
             Ok(d) => d,
+            Err(_) if job.late() => return refuse(job, Unstarted::Late(None, model)),
             Err(e) if e.code.as_deref() == Some("no_ready_replica") && tried.is_empty() => {
-                let refusal = Refusal {
-                    trigger: FallbackTrigger::NoReadyReplica,
-                    unstarted: Unstarted::NoReplica(e),
-                };
-                return Err(Box::new(Refused { refusal, job }));
+                return refuse(job, Unstarted::NoReplica(e));
             }
             Err(e) => return Ok(fail(&mut job.record, e)),
         };
@@ -222,6 +216,7 @@ pub async fn attempt(
                 continue;
             }
             Err(Sent::Broken(why)) => Judged::Reset(why),
+            Err(Sent::Deadline) if job.late() => Judged::Late(None),
             Err(Sent::Deadline) => Judged::Timeout,
         };
         judged.tell(&mut probe, sent);
@@ -232,21 +227,12 @@ pub async fn attempt(
             }
             Judged::Retry(b) => remember(&mut last, Failure::Answer(b, choice.pod)),
             Judged::Final(b) => return Ok(buffered_response(gw, &mut job.record, b, &choice.pod)),
+            Judged::Late(b) => return refuse(job, Unstarted::Late(b.map(|b| (b, choice.pod)), model)),
             Judged::Reset(why) => {
                 drop(inflight);
                 resets += 1;
-                let gone = pod_gone(gw, &choice.pod).await;
-                gw.metrics
-                    .upstream_resets
-                    .with_label_values(&[id.name.as_str(), if gone { "pod_gone" } else { "pod_alive" }])
-                    .inc();
-                if gone {
-                    gw.loads.eject(&choice.pod.name);
-                    report(&suspect(&job, &choice.pod, "before_first_byte"));
-                    return Ok(fail(&mut job.record, went_away(&model, &choice.pod, &why)));
-                }
-                if resets > 1 {
-                    return Ok(fail(&mut job.record, broken_twice(&model, &why)));
+                if let Some(answer) = after_reset(gw, &mut job, &choice.pod, resets, &why).await {
+                    return Ok(answer);
                 }
                 remember(&mut last, Failure::Transport(why));
             }
@@ -261,11 +247,38 @@ pub async fn attempt(
     if resets > 0 {
         return Ok(exhausted(gw, &mut job.record, last, &model));
     }
-    let refusal = Refusal {
-        trigger: FallbackTrigger::Saturated,
-        unstarted: Unstarted::Exhausted(last, model),
+    refuse(job, Unstarted::Exhausted(last, model))
+}
+
+/// Gives `job` back refused (see [`Refused`]); the trigger follows from why.
+fn refuse(job: Job, unstarted: Unstarted) -> Result<Response, Box<Refused>> {
+    let trigger = match unstarted {
+        Unstarted::NoReplica(_) => FallbackTrigger::NoReadyReplica,
+        Unstarted::Exhausted(..) => FallbackTrigger::Saturated,
+        Unstarted::Late(..) => FallbackTrigger::FirstTokenDeadline,
     };
+    let refusal = Refusal { trigger, unstarted };
     Err(Box::new(Refused { refusal, job }))
+}
+
+/// After the `resets`-th reset before the first byte: the answer if the request ends here (its pod
+/// went away, so it may be what killed it; or a second connection broke), `None` to try another pod.
+async fn after_reset(gw: &Gateway, job: &mut Job, pod: &Pod, resets: u32, why: &str) -> Option<Response> {
+    let gone = pod_gone(gw, pod).await;
+    gw.metrics
+        .upstream_resets
+        .with_label_values(&[
+            job.auth.deployment.id.name.as_str(),
+            if gone { "pod_gone" } else { "pod_alive" },
+        ])
+        .inc();
+    let model = job.routed.model.clone();
+    if gone {
+        gw.loads.eject(&pod.name);
+        report(&suspect(job, pod, "before_first_byte"));
+        return Some(fail(&mut job.record, went_away(&model, pod, why)));
+    }
+    (resets > 1).then(|| fail(&mut job.record, broken_twice(&model, why)))
 }
 
 /// Counts a routing decision (and a retry, past the first attempt; and the revision, with a split).
@@ -288,66 +301,6 @@ fn count_route(gw: &Gateway, d: &Deployment, choice: &Choice, split: bool, attem
     }
 }
 
-/// The answer when no pod did better than `last`.
-fn exhausted(gw: &Gateway, record: &mut Record, last: Option<Failure>, model: &str) -> Response {
-    match last {
-        Some(Failure::Answer(b, pod)) => buffered_response(gw, record, b, &pod),
-        Some(Failure::Transport(why)) => fail(
-            record,
-            ApiError {
-                code: Some("upstream_unreachable".into()),
-                ..ApiError::new(
-                    ApiErrorKind::BadGateway,
-                    format!("no replica of `{model}` could take the request: {why}"),
-                )
-            },
-        ),
-        None => fail(
-            record,
-            ApiError::new(
-                ApiErrorKind::Unavailable,
-                format!("`{model}` has no replica to try"),
-            ),
-        ),
-    }
-}
-
-/// Keeps the failure to report if no pod does better: a pod's own answer (it says why, e.g. draining or
-/// a full queue, with `Retry-After`) over a connection failure, else the latest.
-fn remember(last: &mut Option<Failure>, f: Failure) {
-    if matches!(f, Failure::Transport(_)) && matches!(last, Some(Failure::Answer(..))) {
-        return;
-    }
-    *last = Some(f);
-}
-
-/// What the client hears when the pod its request was on went away: not retried.
-fn went_away(model: &str, pod: &Pod, why: &str) -> ApiError {
-    ApiError {
-        code: Some("upstream_failed".into()),
-        ..ApiError::new(
-            ApiErrorKind::BadGateway,
-            format!(
-                "the replica of `{model}` handling this request ({}) went away before answering ({why}); \
-                 the request was not sent to another replica, since it may be what made this one fail",
-                pod.name
-            ),
-        )
-    }
-}
-
-fn broken_twice(model: &str, why: &str) -> ApiError {
-    ApiError {
-        code: Some("upstream_failed".into()),
-        ..ApiError::new(
-            ApiErrorKind::BadGateway,
-            format!(
-                "connections to two replicas of `{model}` broke before an answer ({why}); not retried again"
-            ),
-        )
-    }
-}
-
 fn suspect<'a>(job: &'a Job, pod: &'a Pod, phase: &'a str) -> Suspect<'a> {
     Suspect {
         namespace: &job.record.namespace,
@@ -358,13 +311,6 @@ fn suspect<'a>(job: &'a Job, pod: &'a Pod, phase: &'a str) -> Suspect<'a> {
         body: &job.body,
         phase,
     }
-}
-
-fn timeout(model: &str) -> ApiError {
-    ApiError::new(
-        ApiErrorKind::Timeout,
-        format!("`{model}` did not start answering before the request's deadline"),
-    )
 }
 
 /// Answers with a gateway error and records it.
@@ -386,14 +332,18 @@ enum Sent {
 /// Sends the request to `pod` and waits for its response head.
 async fn send(gw: &Gateway, job: &Job, pod: &Pod, span: &tracing::Span) -> Result<reqwest::Response, Sent> {
     let url = format!("http://{}:{}{}", pod.ip, gw.settings.pod_port, job.path);
-    let request = gw
+    let mut request = gw
         .client
         .post(url)
         .headers(trace::to_pod(&job.headers, span))
-        .header(USAGE_HEADER, "1")
-        .body(job.body.clone())
-        .send();
-    match tokio::time::timeout_at(job.deadline, request).await {
+        .header(USAGE_HEADER, "1");
+    if let Some(by) = job.first_token_by {
+        // What is left of it, as the pod counts from its own arrival (at least 1 ms).
+        let left = by.saturating_duration_since(Instant::now()).as_millis().max(1);
+        request = request.header(deadline::HEADER, left.to_string());
+    }
+    let request = request.body(job.body.clone()).send();
+    match tokio::time::timeout_at(job.first_byte_by(), request).await {
         Ok(Ok(resp)) => Ok(resp),
         Ok(Err(e)) => {
             let why = format!("{}: {}", pod.name, error_chain(&e));
@@ -424,6 +374,8 @@ enum Judged {
     Stream(reqwest::Response, Bytes),
     Retry(Buffered),
     Final(Buffered),
+    /// The first-token deadline passed: the pod's 504 `first_token_deadline`, or nothing (cut).
+    Late(Option<Buffered>),
     Reset(String),
     Timeout,
 }
@@ -438,7 +390,7 @@ impl Judged {
                 }
             }
             Judged::Retry(b) | Judged::Final(b) => probe.finish(status_ok(b.status)),
-            Judged::Reset(_) | Judged::Timeout => probe.finish(false),
+            Judged::Late(_) | Judged::Reset(_) | Judged::Timeout => probe.finish(false),
         }
     }
 
@@ -464,6 +416,13 @@ impl Judged {
                 let why = status(b);
                 trace::failed(span, &why);
                 Some(why)
+            }
+            Judged::Late(b) => {
+                if let Some(b) = b {
+                    span.record("http.response.status_code", b.status.as_u16());
+                }
+                trace::failed(span, deadline::CODE);
+                None
             }
             Judged::Reset(why) => {
                 trace::failed(span, &format!("reset: {why}"));
@@ -505,7 +464,8 @@ async fn judge(gw: &Gateway, job: &Job, pod: &Pod, mut resp: reqwest::Response) 
     let retryable_status = status == StatusCode::SERVICE_UNAVAILABLE
         || status == StatusCode::TOO_MANY_REQUESTS
         || (status == StatusCode::NOT_FOUND && job.auth.adapter.is_some());
-    if retryable_status {
+    let maybe_late = status == StatusCode::GATEWAY_TIMEOUT && job.first_token_by.is_some();
+    if retryable_status || maybe_late {
         let headers = resp.headers().clone();
         let body = match read_small(&mut resp, job.deadline).await {
             Ok(b) => b,
@@ -517,11 +477,19 @@ async fn judge(gw: &Gateway, job: &Job, pod: &Pod, mut resp: reqwest::Response) 
             headers,
             body,
         };
+        if maybe_late {
+            let late = code.as_deref() == Some(deadline::CODE);
+            return if late {
+                Judged::Late(Some(b))
+            } else {
+                Judged::Final(b)
+            };
+        }
         let retry = status != StatusCode::TOO_MANY_REQUESTS || code.as_deref() == Some("queue_full");
         return if retry { Judged::Retry(b) } else { Judged::Final(b) };
     }
     let sent = Instant::now();
-    match tokio::time::timeout_at(job.deadline, resp.chunk()).await {
+    match tokio::time::timeout_at(job.first_byte_by(), resp.chunk()).await {
         Ok(Ok(first)) => {
             gw.metrics
                 .upstream_ttft
@@ -535,6 +503,7 @@ async fn judge(gw: &Gateway, job: &Job, pod: &Pod, mut resp: reqwest::Response) 
             pod.name,
             error_chain(&e)
         )),
+        Err(_) if job.late() => Judged::Late(None),
         Err(_) => Judged::Timeout,
     }
 }
@@ -560,7 +529,7 @@ fn response_head(
     builder
 }
 
-fn buffered_response(gw: &Gateway, record: &mut Record, b: Buffered, pod: &Pod) -> Response {
+pub(crate) fn buffered_response(gw: &Gateway, record: &mut Record, b: Buffered, pod: &Pod) -> Response {
     record.pod = pod.name.clone();
     record.finish(b.status.as_str());
     response_head(gw, b.status, &b.headers, pod)

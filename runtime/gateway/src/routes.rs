@@ -7,7 +7,7 @@
 //! decide → the tenant's limits over the fleet ([`crate::limits`]) → [`proxy::forward`]; the
 //! `x-ratelimit-*` headers go on every answer past that point.
 
-use crate::edge::{admit, authorize, visible};
+use crate::edge::{Authorized, admit, authorize, visible};
 use crate::limits::Who;
 use crate::proxy::{self, Job, fail, upstream_headers};
 use crate::record::Record;
@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use modelfleet_api::error::{ApiError, ApiErrorKind};
 use modelfleet_api::tenants::bearer_token;
+use modelfleet_crds::FallbackTrigger::FirstTokenDeadline;
 use modelfleet_telemetry::genai;
 use serde::Serialize;
 use std::sync::Arc;
@@ -153,6 +154,10 @@ async fn generate_in(gw: Arc<Gateway>, req: Request, arrival: Instant, mut recor
     if let Err(e) = auth.deployment.check_task(parts.uri.path()) {
         return fail(&mut record, e);
     }
+    let first_token_within = match first_token_within(&auth, &parts.headers) {
+        Ok(w) => w,
+        Err(e) => return fail(&mut record, e),
+    };
     record.namespace = auth.deployment.id.namespace.clone();
     record.deployment = auth.deployment.id.name.clone();
     record.tenant = auth.tenant.id.clone();
@@ -187,13 +192,17 @@ async fn generate_in(gw: Arc<Gateway>, req: Request, arrival: Instant, mut recor
     let within = routed.timeout.map_or(s.request_timeout, |t| {
         s.request_timeout.min(crate::config::secs(t))
     });
+    let mut headers = upstream_headers(&parts.headers);
+    // The gateway tells each pod what is left of the deadline (proxy::send).
+    headers.remove(modelfleet_api::deadline::HEADER);
     let job = Job {
         auth,
         routed,
         path: parts.uri.path().to_string(),
-        headers: upstream_headers(&parts.headers),
+        headers,
         body,
         deadline: arrival + within,
+        first_token_by: first_token_within.map(|w| arrival + w),
         arrival,
         lease,
         record,
@@ -201,6 +210,24 @@ async fn generate_in(gw: Arc<Gateway>, req: Request, arrival: Instant, mut recor
     let mut resp = proxy::forward(gw, job).await;
     rate.apply(resp.headers_mut());
     resp
+}
+
+/// How long the request may go without its first token: the caller's header, or the deployment's
+/// `spec.fallback.firstTokenDeadlineMilliseconds` when the request may move for it (a target takes
+/// `FirstTokenDeadline`; not for an adapter, which never moves), whichever is shorter.
+fn first_token_within(auth: &Authorized, headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
+    let asked = modelfleet_api::deadline::from_headers(headers)?;
+    let spec = auth
+        .deployment
+        .fallback
+        .as_ref()
+        .filter(|f| auth.adapter.is_none() && f.targets.iter().any(|t| t.takes(FirstTokenDeadline)))
+        .and_then(|f| f.first_token_deadline_milliseconds)
+        .map(|ms| Duration::from_millis(ms.max(1) as u64));
+    Ok(match (asked, spec) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    })
 }
 
 /// Prompt tokens charged at admission, before the runtime counts them: a quarter of the body's bytes

@@ -23,6 +23,7 @@ fn primary(pods: &[Pod], tenancy: Tenancy, wait: i32, targets: &[(&str, &[Fallba
     let mut d = deployment(pods, tenancy, &[]);
     d.fallback = Some(Arc::new(FallbackSpec {
         no_ready_replica_wait_seconds: wait,
+        first_token_deadline_milliseconds: None,
         targets: targets
             .iter()
             .map(|(name, on)| FallbackTarget {
@@ -31,6 +32,14 @@ fn primary(pods: &[Pod], tenancy: Tenancy, wait: i32, targets: &[(&str, &[Fallba
             })
             .collect(),
     }));
+    d
+}
+
+/// `d` with a first-token deadline of `ms`.
+fn with_deadline(mut d: Deployment, ms: i32) -> Deployment {
+    let mut spec = (**d.fallback.as_ref().unwrap()).clone();
+    spec.first_token_deadline_milliseconds = Some(ms);
+    d.fallback = Some(Arc::new(spec));
     d
 }
 
@@ -219,4 +228,130 @@ async fn a_target_that_does_not_know_the_callers_key_as_the_same_tenant_is_passe
         "ns/small",
         "the last deployment that refused"
     );
+}
+
+#[tokio::test]
+async fn a_first_token_deadline_moves_a_request_the_pod_gave_up_or_that_stayed_silent() {
+    let (pods, port) = pods(3).await;
+    let ours = [pods[0].pod(), pods[1].pod()];
+    let late = [("small", &[FallbackTrigger::FirstTokenDeadline][..])];
+    let fleet = Fleet::new(
+        vec![
+            with_deadline(primary(&ours, Tenancy::Open, 1, &late), 400),
+            other("small", "smol", &[pods[2].pod()], Tenancy::Open),
+        ],
+        true,
+    );
+    let gw = TestGateway::start(settings(port), fleet, 8).await;
+    // The pod gives the request up at the deadline it was told (its 504 `first_token_deadline`): the
+    // request moves at once, and is not retried on the deployment's other pod.
+    for p in &pods[..2] {
+        p.set(Mode::Status(504, "first_token_deadline"));
+    }
+    let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("slow", true), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&h, SERVED_BY), "ns/small");
+    assert_eq!(
+        pods[0].hits() + pods[1].hits(),
+        1,
+        "one pod of the slow deployment, once"
+    );
+    let told: u64 = [&pods[0], &pods[1]]
+        .iter()
+        .find_map(|p| p.last_deadline.lock().unwrap().clone())
+        .expect("the pod was told the deadline")
+        .parse()
+        .unwrap();
+    assert!((1..=400).contains(&told), "what is left of 400 ms: {told}");
+    assert_eq!(
+        *pods[2].last_deadline.lock().unwrap(),
+        None,
+        "the last target has no deadline: nothing to move to after it"
+    );
+    assert_eq!(fallbacks(&gw, "first_token_deadline", "moved"), 1.0);
+    // A pod silent past the deadline (and the grace for its own answer) is cut — the connection
+    // closed, so it cancels the request — and the request moves.
+    for p in &pods[..2] {
+        p.set(Mode::Slow);
+    }
+    let began = Instant::now();
+    let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("silent", false), None).await;
+    let took = began.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&h, SERVED_BY), "ns/small");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_millis(2_000),
+        "moved at the deadline plus the grace: {took:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        pods[0].dropped.load(std::sync::atomic::Ordering::SeqCst)
+            + pods[1].dropped.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the silent attempt was cut"
+    );
+    // A caller may shorten the deadline, never lengthen it; a bad value is a 400 naming the header.
+    let began = Instant::now();
+    let url = gw.url("/v1/chat/completions");
+    let shorter = [("x-modelfleet-first-token-deadline-ms", "100")];
+    let (status, h, _) = post_with(&url, &chat("hurry", false), None, &shorter).await;
+    assert_eq!((status, header(&h, SERVED_BY)), (200, "ns/small".into()));
+    assert!(
+        began.elapsed() < Duration::from_millis(400 + 250),
+        "{:?}",
+        began.elapsed()
+    );
+    let longer = [("x-modelfleet-first-token-deadline-ms", "60000")];
+    let began = Instant::now();
+    let (status, _, _) = post_with(&url, &chat("patient", false), None, &longer).await;
+    assert_eq!(status, 200);
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "still 400 ms: {:?}",
+        began.elapsed()
+    );
+    let bad = [("x-modelfleet-first-token-deadline-ms", "0")];
+    let (status, _, body) = post_with(&url, &chat("bad", false), None, &bad).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("x-modelfleet-first-token-deadline-ms"), "{body}");
+}
+
+#[tokio::test]
+async fn a_stream_that_sent_its_first_byte_never_moves() {
+    let (pods, port) = pods(2).await;
+    let late = [("small", &[FallbackTrigger::FirstTokenDeadline][..])];
+    let fleet = Fleet::new(
+        vec![
+            with_deadline(primary(&[pods[0].pod()], Tenancy::Open, 1, &late), 200),
+            other("small", "smol", &[pods[1].pod()], Tenancy::Open),
+        ],
+        true,
+    );
+    let gw = TestGateway::start(settings(port), fleet, 8).await;
+    // A tick every 50 ms: the first byte comes in time, and the stream runs well past the deadline.
+    pods[0].set(Mode::Endless);
+    let resp = common::client()
+        .post(gw.url("/v1/chat/completions"))
+        .json(&chat("long", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(resp.headers(), SERVED_BY), "ns/chat");
+    let mut resp = resp;
+    let began = Instant::now();
+    let mut ticks = 0;
+    while began.elapsed() < Duration::from_millis(800) {
+        let chunk = resp.chunk().await.unwrap().expect("the stream goes on");
+        ticks += String::from_utf8_lossy(&chunk).matches("tick").count();
+    }
+    assert!(ticks >= 10, "{ticks} ticks");
+    drop(resp);
+    // And when its pod dies midway, it ends with an error event: never replayed elsewhere.
+    pods[0].set(Mode::DieMidStream);
+    let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("dies", true), None).await;
+    assert_eq!((status, header(&h, SERVED_BY)), (200, "ns/chat".into()));
+    assert!(body.contains("\"error\"") && body.contains("[DONE]"), "{body}");
+    assert_eq!(pods[1].hits(), 0, "nothing moved");
+    assert_eq!(fallbacks(&gw, "first_token_deadline", "moved"), 0.0);
 }

@@ -76,6 +76,7 @@ fn bench_fleet(pod: &Pod, tenancy: Tenancy, fallback: bool) -> Fleet {
     let mut primary = deployment(&[], tenancy.clone(), &[]);
     primary.fallback = Some(Arc::new(FallbackSpec {
         no_ready_replica_wait_seconds: 0,
+        first_token_deadline_milliseconds: None,
         targets: vec![FallbackTarget {
             model_deployment: "small".into(),
             triggers: vec![FallbackTrigger::NoReadyReplica],

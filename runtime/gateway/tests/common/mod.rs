@@ -68,6 +68,8 @@ pub struct TestPod {
     pub dropped: Arc<AtomicUsize>,
     pub last_auth: Arc<Mutex<Option<String>>>,
     pub last_body: Arc<Mutex<Vec<u8>>>,
+    /// The first-token deadline the last request carried (`x-modelfleet-first-token-deadline-ms`).
+    pub last_deadline: Arc<Mutex<Option<String>>>,
     /// Set when the pod "died" ([`Mode::Crash`]).
     pub gone: Arc<std::sync::atomic::AtomicBool>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -128,6 +130,10 @@ async fn answer(
         .and_then(|v| v.to_str().ok())
         .map(String::from);
     *pod.last_body.lock().unwrap() = body.to_vec();
+    *pod.last_deadline.lock().unwrap() = headers
+        .get(modelfleet_api::deadline::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
     let stream = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|v| v["stream"].as_bool())
@@ -222,6 +228,7 @@ struct TestPodState {
     dropped: Arc<AtomicUsize>,
     last_auth: Arc<Mutex<Option<String>>>,
     last_body: Arc<Mutex<Vec<u8>>>,
+    last_deadline: Arc<Mutex<Option<String>>>,
 }
 
 /// `n` test pods on 127.88.<k>.1..n sharing one free port; returns them and the port.
@@ -251,6 +258,7 @@ pub async fn pods(n: usize) -> (Vec<TestPod>, u16) {
                 dropped: Arc::default(),
                 last_auth: Arc::default(),
                 last_body: Arc::default(),
+                last_deadline: Arc::default(),
             });
             let app = axum::Router::new()
                 .route("/v1/chat/completions", axum::routing::post(answer))
@@ -268,6 +276,7 @@ pub async fn pods(n: usize) -> (Vec<TestPod>, u16) {
                 dropped: state.dropped.clone(),
                 last_auth: state.last_auth.clone(),
                 last_body: state.last_body.clone(),
+                last_deadline: state.last_deadline.clone(),
                 gone: state.gone.clone(),
                 task: Some(task),
             });
@@ -386,7 +395,20 @@ pub async fn post(
     body: &serde_json::Value,
     key: Option<&str>,
 ) -> (u16, reqwest::header::HeaderMap, String) {
+    post_with(url, body, key, &[]).await
+}
+
+/// [`post`] with extra request headers.
+pub async fn post_with(
+    url: &str,
+    body: &serde_json::Value,
+    key: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (u16, reqwest::header::HeaderMap, String) {
     let mut r = client().post(url).json(body);
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
     if let Some(k) = key {
         r = r.bearer_auth(k);
     }
