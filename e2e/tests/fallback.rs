@@ -1,9 +1,15 @@
 //! `spec.fallback` through the fleet gateway on the local cluster (the chart's gateway at
-//! `MF_GATEWAY_URL`, the operator's autoscaler, the real runtime): a deployment resting at zero replicas
-//! hands its requests to its fallback deployment at once (`noReadyReplicaWaitSeconds: 0`) — each answer
-//! naming the deployment that gave it (`x-modelfleet-served-by`) — and those moves alone are demand
-//! enough for the operator to scale it from zero; once its own pod is Ready it answers them itself.
-//! (The gateway tests cover the wait itself.) Run by `make e2e`.
+//! `MF_GATEWAY_URL`, the operator's autoscaler, the real runtime), in one namespace, one after another:
+//! 1. a deployment resting at zero replicas hands its requests to its fallback deployment at once
+//!    (`noReadyReplicaWaitSeconds: 0`) — each answer naming the deployment that gave it
+//!    (`x-modelfleet-served-by`) — and those moves alone are demand enough for the operator to scale
+//!    it from zero; once its own pod is Ready it answers them itself;
+//! 2. a stream that sent its first token is never moved, even when its pod's process is killed
+//!    (SIGKILL through the node's containerd) right after: it ends with an error event;
+//! 3. a slowed revision (`--fault-delay-ms 3000`) with a 1 s first-token deadline: every answer comes
+//!    from the fallback, once, about a second after it was asked.
+//!
+//! (The gateway tests cover the wait and the deadline's edges.) Run by `make e2e`.
 
 mod common;
 use common::fleet::*;
@@ -53,7 +59,7 @@ async fn listed(model: &str) -> bool {
 
 #[tokio::test]
 #[ignore = "needs the local cluster: make e2e"]
-async fn a_deployment_at_zero_hands_requests_to_its_fallback_while_it_scales_up() {
+async fn fallbacks_from_zero_at_the_first_token_deadline_and_never_mid_stream() {
     ensure_operator().await;
     let ns = TestNamespace::new("fallback");
     let client = client().await;
@@ -155,6 +161,154 @@ async fn a_deployment_at_zero_hands_requests_to_its_fallback_while_it_scales_up(
     // Big's own pod now takes its requests at once.
     let began = Instant::now();
     let (status, served_by, _) = ask(&http, &big, "now").await;
-    assert_eq!((status, served_by), (200, own));
+    assert_eq!((status, served_by.as_str()), (200, own.as_str()));
     eprintln!("fallback: big answered directly in {:?}", began.elapsed());
+
+    a_started_stream_never_moves(&pods, &big, &own, &ns.name).await;
+    let slow = md(
+        "big",
+        &big,
+        "    extraArgs: [\"--enable-fault-injection\", \"--fault-delay-ms\", \"3000\"]\n  replicas: 1\n  \
+         autoscaling:\n    mode: Disabled\n  fallback:\n    firstTokenDeadlineMilliseconds: 1000\n    targets:\n    \
+         - modelDeployment: small\n      triggers: [FirstTokenDeadline]\n",
+    );
+    kubectl_ok(&apply, Some(&slow));
+    a_slow_revision_hands_its_requests_over_at_the_deadline(&pods, &big, &small, &ns.name).await;
+}
+
+/// A stream through the gateway (8 choices of 1,900 tokens: seconds of work, so the kill lands
+/// mid-stream): its first chunk arrives from `own`; then the pod's process is killed, and the stream
+/// ends with an error event — nothing moves to the fallback.
+async fn a_started_stream_never_moves(pods: &Api<Pod>, big: &str, own: &str, ns: &str) {
+    let moved_before = moved(ns, "").await;
+    let http = gateway(Duration::from_secs(60));
+    let mut r = http
+        .post(format!("{}/v1/chat/completions", gateway_url()))
+        .json(&json!({"model": big, "messages": [{"role": "user", "content": "a long one"}],
+            "max_tokens": 1900, "n": 8, "ignore_eos": true, "temperature": 0, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let served_by = r.headers()["x-modelfleet-served-by"].to_str().unwrap().to_string();
+    assert_eq!(served_by, own);
+    let first = r.chunk().await.unwrap().expect("a first chunk");
+    assert!(String::from_utf8_lossy(&first).starts_with("data: "), "{first:?}");
+    // Kill the pod's runtime process now (what an OOM kill or a crash does).
+    let pod = pods
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/instance=big"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(is_ready)
+        .expect("big's Ready pod");
+    let container = pod.status.unwrap().container_statuses.unwrap()[0]
+        .container_id
+        .clone()
+        .unwrap();
+    let id = container.trim_start_matches("containerd://");
+    ctr(&["tasks", "kill", "--signal", "SIGKILL", id]);
+    let mut rest = String::from_utf8_lossy(&first).to_string();
+    while let Ok(Some(c)) = r.chunk().await {
+        rest.push_str(&String::from_utf8_lossy(&c));
+    }
+    let tail: String = rest.chars().rev().take(400).collect::<Vec<_>>().into_iter().rev().collect();
+    assert!(
+        rest.contains("\"error\"") && rest.trim_end().ends_with("data: [DONE]"),
+        "the cut stream ends with an error event and [DONE], not a replay: …{tail}"
+    );
+    assert!(!rest.contains("\"finish_reason\":\"length\""), "it was cut: …{tail}");
+    assert_eq!(moved(ns, "").await, moved_before, "nothing moved after the first byte");
+    eprintln!(
+        "fallback: a stream killed after {} bytes ended with an error event; nothing moved",
+        rest.len()
+    );
+}
+
+/// Big's slowed revision (3 s before each request) with a 1 s first-token deadline: every request
+/// is answered by small, once, a little after the second; big's pod gave each up (its 504
+/// `first_token_deadline`), so none is answered twice.
+async fn a_slow_revision_hands_its_requests_over_at_the_deadline(
+    pods: &Api<Pod>,
+    big: &str,
+    small: &str,
+    ns: &str,
+) {
+    wait_until(
+        "big's slowed revision Ready, alone",
+        Duration::from_secs(180),
+        || async {
+            let lp = kube::api::ListParams::default().labels("app.kubernetes.io/instance=big");
+            let list = pods.list(&lp).await.ok()?.items;
+            let slowed = |p: &Pod| {
+                p.spec.as_ref().is_some_and(|s| {
+                    s.containers[0]
+                        .args
+                        .as_ref()
+                        .is_some_and(|a| a.iter().any(|x| x == "--fault-delay-ms"))
+                })
+            };
+            let alone = list.len() == 1 && slowed(&list[0]) && is_ready(&list[0]);
+            // The gateway knows it (and its new spec) once it routes to the new pod.
+            (alone && listed(big).await).then_some(())
+        },
+    )
+    .await;
+    // The gateway learns the new fallback spec from its watch: wait until a request moves.
+    let http = gateway(Duration::from_secs(60));
+    let theirs = format!("{ns}/small");
+    wait_until("the gateway applies the deadline", Duration::from_secs(60), || async {
+        let (status, served_by, _) = ask(&http, big, "warm").await;
+        (status == 200 && served_by == theirs).then_some(())
+    })
+    .await;
+    let before = moved(ns, "first_token_deadline").await;
+    let mut took = Vec::new();
+    for (i, stream) in [false, true, false, true, false, true].into_iter().enumerate() {
+        let began = Instant::now();
+        let r = http
+            .post(format!("{}/v1/chat/completions", gateway_url()))
+            .json(&json!({"model": big, "messages": [{"role": "user", "content": format!("slow {i}")}],
+                "max_tokens": 4, "temperature": 0, "stream": stream}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let served_by = r.headers()["x-modelfleet-served-by"].to_str().unwrap().to_string();
+        let body = r.text().await.unwrap();
+        took.push(began.elapsed().as_secs_f64());
+        assert_eq!(served_by, theirs, "{body}");
+        // One answer, small's: a stream of small's chunks with one [DONE], or one JSON body.
+        assert_eq!(body.matches(&format!("\"model\":\"{small}\"")).count().min(1), 1, "{body}");
+        assert!(!body.contains(&format!("\"model\":\"{big}\"")), "{body}");
+        if stream {
+            assert_eq!(body.matches("data: [DONE]").count(), 1, "{body}");
+        }
+    }
+    let after = moved(ns, "first_token_deadline").await;
+    assert_eq!(after - before, 6.0, "each request moved exactly once");
+    took.sort_by(f64::total_cmp);
+    eprintln!(
+        "fallback: 6 requests to the slowed revision answered by small in {:.2}–{:.2} s (deadline 1 s)",
+        took[0],
+        took[5]
+    );
+    assert!(
+        took[0] >= 0.9 && took[5] < 3.0,
+        "at the deadline, not after the 3 s hold: {took:?}"
+    );
+}
+
+/// `modelfleet_gateway_fallbacks_total` moves from deployment `big` of `ns` (for `reason`, or any).
+async fn moved(ns: &str, reason: &str) -> f64 {
+    gateway_metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with("modelfleet_gateway_fallbacks_total{"))
+        .filter(|l| l.contains("model_deployment=\"big\"") && l.contains("result=\"moved\""))
+        .filter(|l| l.contains(&format!("namespace=\"{ns}\"")))
+        .filter(|l| reason.is_empty() || l.contains(&format!("reason=\"{reason}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
