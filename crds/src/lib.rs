@@ -31,7 +31,7 @@ pub mod rollout;
 pub mod starting;
 
 pub use common::{DIGEST_PATTERN, condition_types};
-pub use fallback::{FallbackSpec, FallbackTarget, FallbackTrigger};
+pub use fallback::{FallbackSpec, FallbackTarget, FallbackTrigger, ProviderKeyRef, ProviderTarget};
 pub use lora_adapter::{LoraAdapter, LoraAdapterSpec, LoraAdapterStatus};
 pub use model_deployment::{ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus};
 

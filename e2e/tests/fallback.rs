@@ -184,13 +184,18 @@ async fn a_started_stream_never_moves(pods: &Api<Pod>, big: &str, own: &str, ns:
     let http = gateway(Duration::from_secs(60));
     let mut r = http
         .post(format!("{}/v1/chat/completions", gateway_url()))
-        .json(&json!({"model": big, "messages": [{"role": "user", "content": "a long one"}],
-            "max_tokens": 1900, "n": 8, "ignore_eos": true, "temperature": 0, "stream": true}))
+        .json(
+            &json!({"model": big, "messages": [{"role": "user", "content": "a long one"}],
+            "max_tokens": 1900, "n": 8, "ignore_eos": true, "temperature": 0, "stream": true}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let served_by = r.headers()["x-modelfleet-served-by"].to_str().unwrap().to_string();
+    let served_by = r.headers()["x-modelfleet-served-by"]
+        .to_str()
+        .unwrap()
+        .to_string();
     assert_eq!(served_by, own);
     let first = r.chunk().await.unwrap().expect("a first chunk");
     assert!(String::from_utf8_lossy(&first).starts_with("data: "), "{first:?}");
@@ -213,13 +218,27 @@ async fn a_started_stream_never_moves(pods: &Api<Pod>, big: &str, own: &str, ns:
     while let Ok(Some(c)) = r.chunk().await {
         rest.push_str(&String::from_utf8_lossy(&c));
     }
-    let tail: String = rest.chars().rev().take(400).collect::<Vec<_>>().into_iter().rev().collect();
+    let tail: String = rest
+        .chars()
+        .rev()
+        .take(400)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
     assert!(
         rest.contains("\"error\"") && rest.trim_end().ends_with("data: [DONE]"),
         "the cut stream ends with an error event and [DONE], not a replay: …{tail}"
     );
-    assert!(!rest.contains("\"finish_reason\":\"length\""), "it was cut: …{tail}");
-    assert_eq!(moved(ns, "").await, moved_before, "nothing moved after the first byte");
+    assert!(
+        !rest.contains("\"finish_reason\":\"length\""),
+        "it was cut: …{tail}"
+    );
+    assert_eq!(
+        moved(ns, "").await,
+        moved_before,
+        "nothing moved after the first byte"
+    );
     eprintln!(
         "fallback: a stream killed after {} bytes ended with an error event; nothing moved",
         rest.len()
@@ -258,10 +277,14 @@ async fn a_slow_revision_hands_its_requests_over_at_the_deadline(
     // The gateway learns the new fallback spec from its watch: wait until a request moves.
     let http = gateway(Duration::from_secs(60));
     let theirs = format!("{ns}/small");
-    wait_until("the gateway applies the deadline", Duration::from_secs(60), || async {
-        let (status, served_by, _) = ask(&http, big, "warm").await;
-        (status == 200 && served_by == theirs).then_some(())
-    })
+    wait_until(
+        "the gateway applies the deadline",
+        Duration::from_secs(60),
+        || async {
+            let (status, served_by, _) = ask(&http, big, "warm").await;
+            (status == 200 && served_by == theirs).then_some(())
+        },
+    )
     .await;
     let before = moved(ns, "first_token_deadline").await;
     let mut took = Vec::new();
@@ -269,18 +292,27 @@ async fn a_slow_revision_hands_its_requests_over_at_the_deadline(
         let began = Instant::now();
         let r = http
             .post(format!("{}/v1/chat/completions", gateway_url()))
-            .json(&json!({"model": big, "messages": [{"role": "user", "content": format!("slow {i}")}],
-                "max_tokens": 4, "temperature": 0, "stream": stream}))
+            .json(
+                &json!({"model": big, "messages": [{"role": "user", "content": format!("slow {i}")}],
+                "max_tokens": 4, "temperature": 0, "stream": stream}),
+            )
             .send()
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        let served_by = r.headers()["x-modelfleet-served-by"].to_str().unwrap().to_string();
+        let served_by = r.headers()["x-modelfleet-served-by"]
+            .to_str()
+            .unwrap()
+            .to_string();
         let body = r.text().await.unwrap();
         took.push(began.elapsed().as_secs_f64());
         assert_eq!(served_by, theirs, "{body}");
         // One answer, small's: a stream of small's chunks with one [DONE], or one JSON body.
-        assert_eq!(body.matches(&format!("\"model\":\"{small}\"")).count().min(1), 1, "{body}");
+        assert_eq!(
+            body.matches(&format!("\"model\":\"{small}\"")).count().min(1),
+            1,
+            "{body}"
+        );
         assert!(!body.contains(&format!("\"model\":\"{big}\"")), "{body}");
         if stream {
             assert_eq!(body.matches("data: [DONE]").count(), 1, "{body}");
@@ -291,8 +323,7 @@ async fn a_slow_revision_hands_its_requests_over_at_the_deadline(
     took.sort_by(f64::total_cmp);
     eprintln!(
         "fallback: 6 requests to the slowed revision answered by small in {:.2}–{:.2} s (deadline 1 s)",
-        took[0],
-        took[5]
+        took[0], took[5]
     );
     assert!(
         took[0] >= 0.9 && took[5] < 3.0,

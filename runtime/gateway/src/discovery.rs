@@ -126,9 +126,13 @@ pub async fn run(
             secrets
                 .run(
                     move || {
-                        synced
-                            .load(Ordering::SeqCst)
-                            .then(|| state(&mds).iter().filter_map(|m| build::tenants_ref(m)).collect())
+                        synced.load(Ordering::SeqCst).then(|| {
+                            let mds = state(&mds);
+                            crate::secrets::Refs {
+                                tenants: mds.iter().filter_map(|m| build::tenants_ref(m)).collect(),
+                                keys: mds.iter().flat_map(|m| build::provider_key_refs(m)).collect(),
+                            }
+                        })
                     },
                     secret_refresh,
                 )
@@ -151,15 +155,15 @@ pub async fn run(
             &state(&adapters),
             &state(&pods),
             &secrets.tables(),
+            &secrets.keys(),
             &previous,
             synced,
         );
         // A Secret a new deployment references is read at once, not at the next refresh.
-        if next
-            .deployments
-            .values()
-            .any(|d| matches!(d.tenancy, crate::fleet::Tenancy::Unavailable(_)))
-        {
+        if next.deployments.values().any(|d| {
+            matches!(d.tenancy, crate::fleet::Tenancy::Unavailable(_))
+                || d.providers.values().any(|p| p.key.is_err())
+        }) {
             secrets.poke();
         }
         tx.send_replace(Arc::new(next));

@@ -174,6 +174,7 @@ mod tests {
             prices: Default::default(),
             split: None,
             fallback: None,
+            providers: Default::default(),
         }
     }
 

@@ -3,7 +3,9 @@
 //! for load or could not be reached (`Saturated`), or no first token within the first-token deadline
 //! (`FirstTokenDeadline`: the pod gave the request up, or stayed silent and was cut) — the request
 //! moves to the first target that takes that trigger, then the next, before the client has seen a
-//! byte. On a target the deadline starts again, as long, while a later target takes it. A target is another ModelDeployment
+//! byte. On a target the deadline starts again, as long, while a later target takes it. A target may
+//! also be an external OpenAI-compatible provider ([`crate::provider`]): the end of the line, whatever
+//! it answers. A target is another ModelDeployment
 //! in the same namespace; the request goes there as the caller's own: the body's `model` becomes the
 //! target's served name, the caller's key must name the same tenant there (else the target is passed
 //! over: no key grants more by a move), and the tenant's limits and prices of the target apply (a new
@@ -21,6 +23,7 @@
 use crate::edge::Authorized;
 use crate::fleet::{Deployment, DeploymentId};
 use crate::limits::Who;
+use crate::provider::Provider;
 use crate::proxy::{Job, attempt};
 use crate::refusal::Refused;
 use crate::state::Gateway;
@@ -78,18 +81,22 @@ pub async fn forward(gw: Arc<Gateway>, job: Job, spec: &FallbackSpec) -> Respons
         next = i + 1;
         let target = &targets[i];
         let moved = match target.take(&gw, *refused, &origin, trigger).await {
-            Ok(mut job) => {
+            Ok(Moved::Deployment(mut job, id)) => {
                 job.first_token_by = rearm(next);
-                job
+                (job, id)
+            }
+            Ok(Moved::Provider(job, provider)) => {
+                return crate::provider::forward(job, provider, &origin).await;
             }
             Err(refused) => {
                 outcome = Err(refused);
                 continue;
             }
         };
-        outcome = attempt(&gw, moved, waits(next))
+        let (job, id) = moved;
+        outcome = attempt(&gw, job, waits(next))
             .await
-            .map(|resp| served_by(resp, &target.id));
+            .map(|resp| served_by(resp, &id));
     }
 }
 
@@ -107,12 +114,27 @@ fn served_by(mut resp: Response, id: &DeploymentId) -> Response {
     resp
 }
 
-/// A fallback target as this request sees it: the deployment, and the caller's tenant there.
+/// A fallback target as this request sees it.
 struct Target<'a> {
     spec: &'a FallbackTarget,
-    id: DeploymentId,
-    /// The deployment and the caller's tenant in it, or why the request cannot move there.
-    found: Result<(Arc<Deployment>, Arc<modelfleet_api::tenants::Tenant>), &'static str>,
+    /// Its name in the metric: the deployment's name, or `provider:<name>`.
+    label: String,
+    /// Where the request would go, or why it cannot go there.
+    found: Result<Place, &'static str>,
+}
+
+/// Where a target sends a request.
+enum Place {
+    /// A deployment, and the caller's tenant in it.
+    Deployment(Arc<Deployment>, Arc<modelfleet_api::tenants::Tenant>),
+    /// A provider (the caller's tenant stays the one of the deployment the request was sent to).
+    Provider(Arc<Provider>),
+}
+
+/// A moved request, and where it goes now.
+enum Moved {
+    Deployment(Job, DeploymentId),
+    Provider(Job, Arc<Provider>),
 }
 
 impl<'a> Target<'a> {
@@ -123,19 +145,33 @@ impl<'a> Target<'a> {
         key: Option<&str>,
         spec: &'a FallbackTarget,
     ) -> Target<'a> {
+        if let Some(p) = &spec.provider {
+            let found = match job.auth.deployment.providers.get(&p.name) {
+                None => Err("no_provider"),
+                Some(p) if p.key.is_err() => Err("no_key"),
+                Some(p) => Ok(Place::Provider(p.clone())),
+            };
+            let label = format!("provider:{}", p.name);
+            return Target { spec, label, found };
+        }
+        let name = spec.model_deployment.clone().unwrap_or_default();
         let id = DeploymentId {
             namespace: origin.namespace.clone(),
-            name: spec.model_deployment.clone(),
+            name,
         };
         let found = match deployments.get(&id) {
             None => Err("no_deployment"),
             Some(_) if id == *origin => Err("no_deployment"),
             Some(d) => match d.tenant(key) {
-                Ok(Some(t)) if t.id == job.auth.tenant.id => Ok((d.clone(), t)),
+                Ok(Some(t)) if t.id == job.auth.tenant.id => Ok(Place::Deployment(d.clone(), t)),
                 _ => Err("other_tenant"),
             },
         };
-        Target { spec, id, found }
+        Target {
+            spec,
+            label: id.name,
+            found,
+        }
     }
 
     fn usable(&self) -> bool {
@@ -150,21 +186,22 @@ impl<'a> Target<'a> {
         refused: Refused,
         origin: &DeploymentId,
         trigger: FallbackTrigger,
-    ) -> Result<Job, Box<Refused>> {
+    ) -> Result<Moved, Box<Refused>> {
         let count = |result: &str| {
             gw.metrics
                 .fallbacks
                 .with_label_values(&[
                     &origin.namespace,
                     &origin.name,
-                    &self.id.name,
+                    &self.label,
                     trigger.label(),
                     result,
                 ])
                 .inc();
         };
         let (d, tenant) = match &self.found {
-            Ok(found) => found.clone(),
+            Ok(Place::Deployment(d, t)) => (d.clone(), t.clone()),
+            Ok(Place::Provider(p)) => return self.to_provider(gw, refused, p, count, trigger).await,
             Err(why) => {
                 count(why);
                 return Err(Box::new(refused));
@@ -190,18 +227,52 @@ impl<'a> Target<'a> {
             }
         };
         count("moved");
-        crate::trace::moved(&job.record.span, trigger.label(), &self.id.to_string());
+        crate::trace::moved(&job.record.span, trigger.label(), &d.id.to_string());
         job.lease = lease;
         job.body = body;
         job.routed.model = d.served_name.clone();
         job.record.namespace = d.id.namespace.clone();
         job.record.deployment = d.id.name.clone();
+        let id = d.id.clone();
         job.auth = Authorized {
             deployment: d,
             tenant,
             adapter: None,
         };
-        Ok(job)
+        Ok(Moved::Deployment(job, id))
+    }
+
+    /// Moves the request to provider `p`: the caller's tenant (of the deployment it was sent to) with
+    /// that tenant's limits, counted and priced for `provider:<name>` (a new lease).
+    async fn to_provider(
+        &self,
+        gw: &Gateway,
+        refused: Refused,
+        p: &Arc<Provider>,
+        count: impl Fn(&str),
+        trigger: FallbackTrigger,
+    ) -> Result<Moved, Box<Refused>> {
+        let Refused { refusal, mut job } = refused;
+        let who = Who {
+            namespace: job.auth.deployment.id.namespace.clone(),
+            deployment: p.label(),
+            tenant: job.auth.tenant.id.clone(),
+            model: p.model.clone(),
+        };
+        let estimate = crate::routes::prompt_estimate(&job.body);
+        let tenant = job.auth.tenant.clone();
+        let lease = match gw.limiter.admit(who, &tenant, p.prices.clone(), estimate).await {
+            Ok(lease) => lease,
+            Err(_) => {
+                count("limited");
+                return Err(Box::new(Refused { refusal, job }));
+            }
+        };
+        count("moved");
+        crate::trace::moved(&job.record.span, trigger.label(), &p.label());
+        job.lease = lease;
+        job.record.deployment = p.label();
+        Ok(Moved::Provider(job, p.clone()))
     }
 }
 

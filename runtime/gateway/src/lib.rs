@@ -32,6 +32,7 @@ pub mod load;
 pub mod metrics;
 pub mod mirror;
 pub mod pending;
+pub mod provider;
 pub mod proxy;
 pub mod record;
 pub mod refusal;

@@ -358,7 +358,7 @@ async fn send(gw: &Gateway, job: &Job, pod: &Pod, span: &tracing::Span) -> Resul
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {

@@ -1,14 +1,15 @@
-//! The tenants Secrets that ModelDeployments in scope reference, read with `get` by name — the gateway
+//! The Secrets that ModelDeployments in scope reference — tenants files, and the API keys of fallback
+//! providers — read with `get` by name — the gateway
 //! needs no right to list or watch Secrets, so it can read only Secrets it can name, and it names
 //! only those ModelDeployments reference — every `--secret-refresh-seconds`, and at once when a new
 //! deployment references one. Same file format as the runtime's mounted file (`modelfleet_api::
 //! tenants`), same reload rule: a rotated key takes effect at the next read, without restarts.
 //!
 //! Invariants: a Secret whose new content does not parse leaves the previous keys in force (and the
-//! log says why, without any key); a Secret that cannot be read before it was ever read makes its
+//! log says why, without any key); a provider's key is kept as text and never logged; a Secret that cannot be read before it was ever read makes its
 //! deployment unavailable (503), never open; Secrets no longer referenced are forgotten.
 
-use crate::fleet::build::{SecretRef, TenantsRead};
+use crate::fleet::build::{KeyRead, SecretRef, TenantsRead};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use modelfleet_api::tenants::Tenants;
@@ -21,11 +22,23 @@ use tokio::sync::Notify;
 
 /// A table as read, with the digest of the bytes it came from (to skip unchanged reads).
 type Entry = (TenantsRead, Option<[u8; 32]>);
+/// A provider's key as read, with the digest of its bytes.
+type KeyEntry = (KeyRead, Option<[u8; 32]>);
+
+/// What the fleet references: tenants files and providers' API keys.
+#[derive(Debug, Default)]
+pub struct Refs {
+    /// Tenants files.
+    pub tenants: Vec<SecretRef>,
+    /// Providers' API keys.
+    pub keys: Vec<SecretRef>,
+}
 
 /// The tables read so far.
 pub struct Secrets {
     client: Client,
     tables: Mutex<HashMap<SecretRef, Entry>>,
+    keys: Mutex<HashMap<SecretRef, KeyEntry>>,
     read_once: AtomicBool,
     /// Wakes the discovery loop to rebuild the fleet.
     changed: Arc<Notify>,
@@ -51,6 +64,7 @@ impl Secrets {
         Arc::new(Secrets {
             client,
             tables: Mutex::default(),
+            keys: Mutex::default(),
             read_once: AtomicBool::new(false),
             changed,
             wake: Notify::new(),
@@ -60,6 +74,16 @@ impl Secrets {
     /// The tables, by Secret key.
     pub fn tables(&self) -> HashMap<SecretRef, TenantsRead> {
         self.tables
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// The providers' keys, by Secret key.
+    pub fn keys(&self) -> HashMap<SecretRef, KeyRead> {
+        self.keys
             .lock()
             .unwrap()
             .iter()
@@ -78,7 +102,7 @@ impl Secrets {
     }
 
     /// Reads the Secrets `referenced` names (None: the watches have not synced yet) every `every`.
-    pub async fn run(self: Arc<Self>, referenced: impl Fn() -> Option<Vec<SecretRef>>, every: Duration) {
+    pub async fn run(self: Arc<Self>, referenced: impl Fn() -> Option<Refs>, every: Duration) {
         loop {
             if let Some(refs) = referenced() {
                 let changed = self.refresh(refs).await;
@@ -94,30 +118,77 @@ impl Secrets {
         }
     }
 
-    /// Reads every referenced Secret; whether any table changed.
-    async fn refresh(&self, refs: Vec<SecretRef>) -> bool {
-        let wanted: HashSet<SecretRef> = refs.into_iter().collect();
+    /// Reads every referenced Secret; whether anything changed.
+    async fn refresh(&self, refs: Refs) -> bool {
+        let wanted: HashSet<SecretRef> = refs.tenants.into_iter().collect();
+        let wanted_keys: HashSet<SecretRef> = refs.keys.into_iter().collect();
         let mut changed = false;
         {
             let mut tables = self.tables.lock().unwrap();
             let before = tables.len();
             tables.retain(|k, _| wanted.contains(k));
             changed |= tables.len() != before;
+            let mut keys = self.keys.lock().unwrap();
+            let before = keys.len();
+            keys.retain(|k, _| wanted_keys.contains(k));
+            changed |= keys.len() != before;
         }
         for r in wanted {
-            let (ns, name, key) = &r;
-            let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
-            let read = match api.get_opt(name).await {
-                Ok(Some(s)) => match value(&s, key) {
-                    Some(bytes) => Ok(bytes),
-                    None => Err(format!("the tenants Secret {ns}/{name} has no key {key:?}")),
-                },
-                Ok(None) => Err(format!("the tenants Secret {ns}/{name} does not exist")),
-                Err(e) => Err(format!("the tenants Secret {ns}/{name} could not be read: {e}")),
-            };
-            changed |= self.apply(r.clone(), read);
+            let read = self.read(&r, "tenants").await;
+            changed |= self.apply(r, read);
+        }
+        for r in wanted_keys {
+            let read = self.read(&r, "provider key").await;
+            changed |= self.apply_key(r, read);
         }
         changed
+    }
+
+    /// The bytes under a Secret's key, or why not (`what` names the Secret's use).
+    async fn read(&self, r: &SecretRef, what: &str) -> Result<Vec<u8>, String> {
+        let (ns, name, key) = r;
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        match api.get_opt(name).await {
+            Ok(Some(s)) => {
+                value(&s, key).ok_or_else(|| format!("the {what} Secret {ns}/{name} has no key {key:?}"))
+            }
+            Ok(None) => Err(format!("the {what} Secret {ns}/{name} does not exist")),
+            Err(e) => Err(format!("the {what} Secret {ns}/{name} could not be read: {e}")),
+        }
+    }
+
+    /// Records one read of a provider's key; whether it changed. A failed read keeps a key read before.
+    fn apply_key(&self, r: SecretRef, read: Result<Vec<u8>, String>) -> bool {
+        let mut keys = self.keys.lock().unwrap();
+        let previous_ok = matches!(keys.get(&r), Some((Ok(_), _)));
+        let next = match read {
+            Ok(bytes) => {
+                let digest: [u8; 32] = Sha256::digest(&bytes).into();
+                if keys.get(&r).is_some_and(|(_, d)| *d == Some(digest)) {
+                    return false;
+                }
+                match String::from_utf8(bytes).map(|t| t.trim().to_string()) {
+                    Ok(t) if !t.is_empty() => (Ok(Arc::from(t)), Some(digest)),
+                    _ => (
+                        Err(format!(
+                            "the provider key Secret {}/{} holds no text under {:?}",
+                            r.0, r.1, r.2
+                        )),
+                        Some(digest),
+                    ),
+                }
+            }
+            Err(_) if previous_ok => return false,
+            Err(why) => {
+                if matches!(keys.get(&r), Some((Err(old), _)) if *old == why) {
+                    return false;
+                }
+                tracing::warn!(%why, "provider key unavailable");
+                (Err(why), None)
+            }
+        };
+        keys.insert(r, next);
+        true
     }
 
     /// Records one read; whether the table changed.

@@ -27,7 +27,8 @@ fn primary(pods: &[Pod], tenancy: Tenancy, wait: i32, targets: &[(&str, &[Fallba
         targets: targets
             .iter()
             .map(|(name, on)| FallbackTarget {
-                model_deployment: name.to_string(),
+                model_deployment: Some(name.to_string()),
+                provider: None,
                 triggers: on.to_vec(),
             })
             .collect(),
@@ -354,4 +355,117 @@ async fn a_stream_that_sent_its_first_byte_never_moves() {
     assert!(body.contains("\"error\"") && body.contains("[DONE]"), "{body}");
     assert_eq!(pods[1].hits(), 0, "nothing moved");
     assert_eq!(fallbacks(&gw, "first_token_deadline", "moved"), 0.0);
+}
+
+/// `chat` on `pods` falling back, when saturated, to provider `ext` at `base` (asking `gpt-mini`,
+/// with `key`, at 1 and 2 EUR per million prompt and completion tokens).
+fn to_provider(pods: &[Pod], tenancy: Tenancy, base: &str, key: Result<Option<&str>, &str>) -> Deployment {
+    let spec: modelfleet_crds::ProviderTarget = serde_json::from_value(serde_json::json!({
+        "name": "ext", "baseUrl": base, "model": "gpt-mini", "timeoutSeconds": 5,
+        "apiKeySecretRef": {"name": "ext-key"},
+        "inputPerMillionTokens": "1", "outputPerMillionTokens": "2"}))
+    .unwrap();
+    let mut d = deployment(pods, tenancy, &[]);
+    d.fallback = Some(Arc::new(FallbackSpec {
+        no_ready_replica_wait_seconds: 1,
+        first_token_deadline_milliseconds: None,
+        targets: vec![FallbackTarget {
+            model_deployment: None,
+            provider: Some(spec.clone()),
+            triggers: vec![FallbackTrigger::Saturated],
+        }],
+    }));
+    let key = key.map(|k| k.map(Arc::from)).map_err(String::from);
+    let provider = modelfleet_gateway::provider::Provider::new(&spec, key, "EUR");
+    d.providers.insert("ext".into(), Arc::new(provider));
+    d
+}
+
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test]
+async fn a_provider_answers_with_its_own_key_and_its_usage_is_priced_with_its_prices() {
+    let (pods, port) = pods(2).await;
+    let a = "tenants:\n- id: a\n  apiKeys: [sk-tenant-a]\n";
+    let base = format!("http://{}:{port}/v1", pods[1].ip);
+    let fleet = Fleet::new(
+        vec![to_provider(
+            &[pods[0].pod()],
+            keys(a),
+            &base,
+            Ok(Some("sk-provider")),
+        )],
+        true,
+    );
+    let gw = TestGateway::start(settings(port), fleet, 8).await;
+    pods[0].set(Mode::Status(429, "queue_full"));
+    pods[1].set(Mode::Completion);
+    let url = gw.url("/v1/chat/completions");
+    let (status, h, body) = post(&url, &chat("hi", false), Some("sk-tenant-a")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&h, SERVED_BY), "provider:ext");
+    assert_eq!(body, COMPLETION, "the provider's answer, unchanged");
+    assert_eq!(
+        *pods[1].last_auth.lock().unwrap(),
+        Some("Bearer sk-provider".into()),
+        "the provider's key, never the caller's"
+    );
+    let sent: serde_json::Value = serde_json::from_slice(&pods[1].last_body.lock().unwrap()).unwrap();
+    assert_eq!(sent["model"], "gpt-mini");
+    // A stream: the provider is asked for its usage chunk, which the client (who did not ask) does
+    // not see; the meter reads it.
+    let (status, h, body) = post(&url, &chat("hi", true), Some("sk-tenant-a")).await;
+    assert_eq!((status, header(&h, SERVED_BY)), (200, "provider:ext".into()));
+    let sent: serde_json::Value = serde_json::from_slice(&pods[1].last_body.lock().unwrap()).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert!(!body.contains("\"usage\""), "{body}");
+    assert!(
+        body.contains(": modelfleet-usage prompt=20 cached=5 completion=3"),
+        "{body}"
+    );
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    // Usage: 20 + 20 prompt tokens (5 cached), 9 + 3 completion tokens, at the provider's prices.
+    let series = |kind: &str| {
+        format!(
+            "modelfleet_gateway_tokens_total{{kind=\"{kind}\",model=\"gpt-mini\",model_deployment=\"provider:ext\",namespace=\"ns\",tenant=\"a\"}}"
+        )
+    };
+    let t0 = Instant::now();
+    while metric(&gw.metrics(), &series("completion")) != Some(12.0) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "{}", gw.metrics());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = gw.metrics();
+    assert_eq!(metric(&m, &series("prompt")), Some(40.0), "{m}");
+    let cost = "modelfleet_gateway_cost_total{currency=\"EUR\",model=\"gpt-mini\",model_deployment=\"provider:ext\",namespace=\"ns\",tenant=\"a\"}";
+    let expected = (40.0 * 1.0 + 12.0 * 2.0) / 1e6;
+    assert!((metric(&m, cost).unwrap() - expected).abs() < 1e-12, "{m}");
+    assert_eq!(fallbacks(&gw, "saturated", "moved"), 2.0);
+    assert!(m.contains("target=\"provider:ext\""), "{m}");
+    // The provider's own error goes to the client as it gave it.
+    pods[1].set(Mode::Status(429, "rate_limit_exceeded"));
+    let (status, h, body) = post(&url, &chat("hi", false), Some("sk-tenant-a")).await;
+    assert_eq!((status, header(&h, SERVED_BY)), (429, "provider:ext".into()));
+    assert!(body.contains("rate_limit_exceeded"), "{body}");
+}
+
+#[tokio::test]
+async fn a_provider_whose_key_cannot_be_read_is_passed_over() {
+    let (pods, port) = pods(2).await;
+    let base = format!("http://{}:{port}/v1", pods[1].ip);
+    let why = Err("the provider key Secret ns/ext-key does not exist");
+    let fleet = Fleet::new(
+        vec![to_provider(&[pods[0].pod()], Tenancy::Open, &base, why)],
+        true,
+    );
+    let gw = TestGateway::start(settings(port), fleet, 8).await;
+    pods[0].set(Mode::Status(429, "queue_full"));
+    let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("hi", false), None).await;
+    assert_eq!((status, header(&h, SERVED_BY)), (429, "ns/chat".into()), "{body}");
+    assert_eq!(pods[1].hits(), 0);
+    assert_eq!(fallbacks(&gw, "saturated", "no_key"), 1.0);
 }

@@ -78,7 +78,8 @@ fn bench_fleet(pod: &Pod, tenancy: Tenancy, fallback: bool) -> Fleet {
         no_ready_replica_wait_seconds: 0,
         first_token_deadline_milliseconds: None,
         targets: vec![FallbackTarget {
-            model_deployment: "small".into(),
+            model_deployment: Some("small".into()),
+            provider: None,
             triggers: vec![FallbackTrigger::NoReadyReplica],
         }],
     }));

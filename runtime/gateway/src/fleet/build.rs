@@ -12,6 +12,7 @@
 
 use super::{Adapter, Deployment, DeploymentId, Fleet, Pod, Tenancy};
 use crate::canary::Split;
+use crate::provider::Provider;
 use crate::ring::Ring;
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use kube::ResourceExt;
@@ -33,6 +34,43 @@ pub type SecretRef = (String, String, String);
 
 /// What reading a tenants Secret gave.
 pub type TenantsRead = Result<Arc<Tenants>, String>;
+
+/// What reading a provider's key gave.
+pub type KeyRead = Result<Arc<str>, String>;
+
+/// The Secret keys of the providers `md`'s fallback names.
+pub fn provider_key_refs(md: &ModelDeployment) -> Vec<SecretRef> {
+    let ns = md.namespace().unwrap_or_default();
+    let targets = md.spec.fallback.iter().flat_map(|f| &f.targets);
+    targets
+        .filter_map(|t| t.provider.as_ref()?.api_key_secret_ref.as_ref())
+        .map(|r| (ns.clone(), r.name.clone(), r.key.clone()))
+        .collect()
+}
+
+/// The providers `md`'s fallback names, with their keys as read.
+fn providers_of(md: &ModelDeployment, keys: &HashMap<SecretRef, KeyRead>) -> BTreeMap<String, Arc<Provider>> {
+    let ns = md.namespace().unwrap_or_default();
+    let currency = md.spec.cost.as_ref().map_or("USD", |c| c.currency.as_str());
+    let targets = md.spec.fallback.iter().flat_map(|f| &f.targets);
+    targets
+        .filter_map(|t| t.provider.as_ref())
+        .map(|p| {
+            let key = match &p.api_key_secret_ref {
+                None => Ok(None),
+                Some(r) => match keys.get(&(ns.clone(), r.name.clone(), r.key.clone())) {
+                    Some(Ok(k)) => Ok(Some(k.clone())),
+                    Some(Err(why)) => Err(why.clone()),
+                    None => Err(format!(
+                        "the provider key Secret {ns}/{} has not been read yet",
+                        r.name
+                    )),
+                },
+            };
+            (p.name.clone(), Arc::new(Provider::new(p, key, currency)))
+        })
+        .collect()
+}
 
 /// The Secret key `md` keeps its tenants in, if it has any.
 pub fn tenants_ref(md: &ModelDeployment) -> Option<SecretRef> {
@@ -138,6 +176,7 @@ pub fn fleet(
     adapters: &[Arc<LoraAdapter>],
     pods: &[Arc<KubePod>],
     tenants: &HashMap<SecretRef, TenantsRead>,
+    keys: &HashMap<SecretRef, KeyRead>,
     previous: &Fleet,
     synced: bool,
 ) -> Fleet {
@@ -197,6 +236,7 @@ pub fn fleet(
                 prices: crate::limits::Prices::from_spec(md.spec.cost.as_ref()),
                 split: Split::from_status(rollout),
                 fallback: md.spec.fallback.clone().map(Arc::new),
+                providers: providers_of(md, keys),
             }
         })
         .collect();
@@ -310,7 +350,15 @@ mod tests {
         ];
         let table = Arc::new(Tenants::parse("tenants:\n- id: team-a\n  apiKeys: [sk-team-a-1]\n").unwrap());
         let tenants = HashMap::from([(("ns".into(), "keys".into(), "tenants.yaml".into()), Ok(table))]);
-        let f = fleet(&mds, &adapters, &pods, &tenants, &Fleet::default(), true);
+        let f = fleet(
+            &mds,
+            &adapters,
+            &pods,
+            &tenants,
+            &HashMap::new(),
+            &Fleet::default(),
+            true,
+        );
         let Resolution::Base(chat) = f.resolve("llama") else {
             panic!("llama is the base of chat")
         };
@@ -329,7 +377,7 @@ mod tests {
         assert!(f.any_open() && f.knows_key("sk-team-a-1") && !f.knows_key("sk-nope-123"));
 
         // Unchanged pods keep the ring; a missing Secret makes the deployment unavailable, not open.
-        let g = fleet(&mds, &adapters, &pods, &HashMap::new(), &f, true);
+        let g = fleet(&mds, &adapters, &pods, &HashMap::new(), &HashMap::new(), &f, true);
         let Resolution::Base(again) = g.resolve("llama") else {
             panic!()
         };
@@ -368,7 +416,15 @@ mod tests {
             pod("ns", "plain-a", "plain", true, false),
             labelled("plain-b", "plain", "r7"),
         ];
-        let f = fleet(&mds, &[], &pods, &HashMap::new(), &Fleet::default(), true);
+        let f = fleet(
+            &mds,
+            &[],
+            &pods,
+            &HashMap::new(),
+            &HashMap::new(),
+            &Fleet::default(),
+            true,
+        );
         let revs = |served: &str| {
             let Resolution::Base(d) = f.resolve(served) else {
                 panic!("{served}")

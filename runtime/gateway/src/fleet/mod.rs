@@ -102,6 +102,8 @@ pub struct Deployment {
     pub split: Option<crate::canary::Split>,
     /// `spec.fallback`: where requests it cannot start go ([`crate::fallback`]).
     pub fallback: Option<Arc<modelfleet_crds::FallbackSpec>>,
+    /// The providers its fallback names, by name, with their keys as read ([`crate::provider`]).
+    pub providers: BTreeMap<String, Arc<crate::provider::Provider>>,
 }
 
 impl Deployment {
@@ -305,6 +307,7 @@ mod tests {
             prices: Default::default(),
             split: None,
             fallback: None,
+            providers: Default::default(),
         }
     }
 

@@ -59,6 +59,9 @@ pub const COMPLETION_CHUNKS: [&str; 4] = [
     "data: [DONE]\n\n",
 ];
 
+/// The usage chunk of [`Mode::Completion`]'s stream, sent when `stream_options.include_usage` asks.
+pub const USAGE_CHUNK: &str = "data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1764633600,\"model\":\"llama\",\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":3,\"total_tokens\":23,\"prompt_tokens_details\":{\"cached_tokens\":5}}}\n\n";
+
 /// One test pod.
 pub struct TestPod {
     pub name: String,
@@ -166,7 +169,16 @@ async fn answer(
         )
             .into_response(),
         Mode::Ok => axum::Json(serde_json::json!({"pod": name})).into_response(),
-        Mode::Completion if stream => sse(COMPLETION_CHUNKS.iter().map(|c| c.to_string()).collect()),
+        Mode::Completion if stream => {
+            let mut events: Vec<String> = COMPLETION_CHUNKS.iter().map(|c| c.to_string()).collect();
+            // The usage chunk, when asked for (as OpenAI's API does), before `[DONE]`.
+            let asked = serde_json::from_slice::<serde_json::Value>(&body)
+                .is_ok_and(|v| v["stream_options"]["include_usage"] == true);
+            if asked {
+                events.insert(events.len() - 1, USAGE_CHUNK.to_string());
+            }
+            sse(events)
+        }
         Mode::Completion => (
             [(axum::http::header::CONTENT_TYPE, "application/json")],
             COMPLETION,
@@ -337,6 +349,7 @@ pub fn deployment(pods: &[Pod], tenancy: Tenancy, adapters: &[(&str, &[&str], &[
         task: None,
         split: None,
         fallback: None,
+        providers: Default::default(),
     }
 }
 
