@@ -7,7 +7,10 @@
 //! 2. a stream that sent its first token is never moved, even when its pod's process is killed
 //!    (SIGKILL through the node's containerd) right after: it ends with an error event;
 //! 3. a slowed revision (`--fault-delay-ms 3000`) with a 1 s first-token deadline: every answer comes
-//!    from the fallback, once, about a second after it was asked.
+//!    from the fallback, once, about a second after it was asked;
+//! 4. (alongside, in its own namespace) an external provider — another runtime reached at its
+//!    Service's ClusterIP with its own key — answers what a saturated deployment refuses, and the
+//!    usage is recorded as `provider:ext` at the provider's prices.
 //!
 //! (The gateway tests cover the wait and the deadline's edges.) Run by `make e2e`.
 
@@ -342,4 +345,159 @@ async fn moved(ns: &str, reason: &str) -> f64 {
         .filter(|l| reason.is_empty() || l.contains(&format!("reason=\"{reason}\"")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// 4. An external provider: `ext`, another runtime behind its Service, called at its ClusterIP with
+/// its own key (its tenants Secret knows only that key), takes the requests `busy` refuses for
+/// saturation (one sequence at a time, at most 8 waiting: a request of 8 choices is refused while
+/// another's choices wait); the answer is ext's, and the usage is recorded as `provider:ext` at the
+/// provider's prices.
+#[tokio::test]
+#[ignore = "needs the local cluster: make e2e"]
+async fn a_provider_answers_when_the_fleet_is_saturated_and_is_priced_as_itself() {
+    ensure_operator().await;
+    let ns = TestNamespace::new("provider");
+    let client = client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let (dir, digest) = tiny_model(&ns.name);
+    let (busy, ext) = (format!("busy-{}", ns.name), format!("ext-{}", ns.name));
+    let md = |name: &str, served: &str, rest: &str| {
+        format!(
+            "apiVersion: modelfleet.io/v1alpha1\nkind: ModelDeployment\nmetadata:\n  name: {name}\nspec:\n  \
+             model:\n    uri: file://{}\n    digest: \"{digest}\"\n    servedName: {served}\n  replicas: 1\n  \
+             autoscaling:\n    mode: Disabled\n  runtime:\n    threads: 1\n{rest}",
+            dir.display()
+        )
+    };
+    let apply = ["apply", "-n", ns.name.as_str(), "-f", "-"];
+    let keys = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: ext-tenants\nstringData:\n  tenants.yaml: |\n    \
+                tenants:\n    - id: overflow\n      apiKeys: [sk-ext-provider-1]\n---\napiVersion: v1\nkind: Secret\n\
+                metadata:\n  name: ext-key\nstringData:\n  apiKey: sk-ext-provider-1\n";
+    kubectl_ok(&apply, Some(keys));
+    kubectl_ok(
+        &apply,
+        Some(&md(
+            "ext",
+            &ext,
+            "  tenants:\n    secretRef:\n      name: ext-tenants\n",
+        )),
+    );
+    let ip = wait_until("ext's Service", Duration::from_secs(60), || async {
+        let ip = kubectl(
+            &[
+                "get",
+                "svc",
+                "ext",
+                "-n",
+                &ns.name,
+                "-o",
+                "jsonpath={.spec.clusterIP}",
+            ],
+            None,
+        );
+        let ip = String::from_utf8_lossy(&ip.stdout).trim().to_string();
+        (!ip.is_empty()).then_some(ip)
+    })
+    .await;
+    let fallback = format!(
+        "    maxNumSeqs: 1\n    extraArgs: [\"--max-num-queued-reqs\", \"8\"]\n  cost:\n    currency: EUR\n    \
+         inputPerMillionTokens: \"1\"\n    outputPerMillionTokens: \"1\"\n  fallback:\n    targets:\n    - provider:\n        \
+         name: ext\n        baseUrl: http://{ip}:8000/v1\n        model: {ext}\n        apiKeySecretRef: {{name: ext-key}}\n        \
+         timeoutSeconds: 30\n        inputPerMillionTokens: \"3\"\n        outputPerMillionTokens: \"5\"\n      \
+         triggers: [Saturated]\n"
+    );
+    kubectl_ok(&apply, Some(&md("busy", &busy, &fallback)));
+    wait_until(
+        "busy and ext Ready, busy listed",
+        Duration::from_secs(180),
+        || async {
+            let ready =
+                ready_pods(&pods, "busy").await.len() == 1 && ready_pods(&pods, "ext").await.len() == 1;
+            (ready && listed(&busy).await).then_some(())
+        },
+    )
+    .await;
+    let http = gateway(Duration::from_secs(120));
+    let own = format!("{}/busy", ns.name);
+    wait_until("busy answers for itself", Duration::from_secs(60), || async {
+        let (status, served_by, _) = ask(&http, &busy, "warm").await;
+        (status == 200 && served_by == own).then_some(())
+    })
+    .await;
+    let ask_n = |n: u32, max_tokens: u32| {
+        let http = http.clone();
+        let busy = busy.clone();
+        async move {
+            let r = http
+                .post(format!("{}/v1/completions", gateway_url()))
+                .json(
+                    &json!({"model": busy, "prompt": "count", "n": n, "max_tokens": max_tokens,
+                    "ignore_eos": true, "temperature": 0}),
+                )
+                .send()
+                .await
+                .expect("the gateway answers");
+            let status = r.status().as_u16();
+            let served_by = r.headers()["x-modelfleet-served-by"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            (status, served_by, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // Eight long choices, one at a time: seven wait in busy's queue for seconds.
+    let long = tokio::spawn(ask_n(8, 1900));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let series = |kind: &str| {
+        format!(
+            "modelfleet_gateway_tokens_total{{kind=\"{kind}\",model=\"{ext}\",model_deployment=\"provider:ext\",namespace=\"{}\",tenant=\"default\"}}",
+            ns.name
+        )
+    };
+    let metric = |text: &str, s: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(s))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    // The next request of eight would overfill the queue: busy's pod refuses it (429 `queue_full`),
+    // and it moves to the provider.
+    let (status, served_by, body) =
+        wait_until("a request refused as saturated", Duration::from_secs(30), || {
+            let ask = ask_n(8, 4);
+            async move {
+                let (status, served_by, body) = ask.await;
+                (served_by != own).then_some((status, served_by, body))
+            }
+        })
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(served_by, "provider:ext");
+    assert_eq!(body["model"], ext.as_str(), "ext's own answer");
+    assert_eq!(body["choices"].as_array().unwrap().len(), 8);
+    let (prompt, completion) = (
+        body["usage"]["prompt_tokens"].as_f64().unwrap(),
+        body["usage"]["completion_tokens"].as_f64().unwrap(),
+    );
+    let m = gateway_metrics().await;
+    assert_eq!(
+        metric(&m, &series("prompt")),
+        prompt,
+        "recorded with the provider: {m}"
+    );
+    assert_eq!(metric(&m, &series("completion")), completion, "{m}");
+    let cost = format!(
+        "modelfleet_gateway_cost_total{{currency=\"EUR\",model=\"{ext}\",model_deployment=\"provider:ext\",namespace=\"{}\",tenant=\"default\"}}",
+        ns.name
+    );
+    let expected = (prompt * 3.0 + completion * 5.0) / 1e6;
+    assert!(
+        (metric(&m, &cost) - expected).abs() < 1e-12,
+        "at the provider's prices: {m}"
+    );
+    eprintln!(
+        "fallback: a saturated request answered by provider:ext ({prompt} prompt + {completion} completion tokens, {expected:.9} EUR)"
+    );
+    let (status, served_by, body) = long.await.unwrap();
+    assert_eq!((status, served_by.as_str()), (200, own.as_str()), "{body}");
 }

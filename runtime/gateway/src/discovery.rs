@@ -125,15 +125,7 @@ pub async fn run(
         tokio::spawn(async move {
             secrets
                 .run(
-                    move || {
-                        synced.load(Ordering::SeqCst).then(|| {
-                            let mds = state(&mds);
-                            crate::secrets::Refs {
-                                tenants: mds.iter().filter_map(|m| build::tenants_ref(m)).collect(),
-                                keys: mds.iter().flat_map(|m| build::provider_key_refs(m)).collect(),
-                            }
-                        })
-                    },
+                    move || synced.load(Ordering::SeqCst).then(|| secret_refs(&state(&mds))),
                     secret_refresh,
                 )
                 .await
@@ -167,5 +159,13 @@ pub async fn run(
             secrets.poke();
         }
         tx.send_replace(Arc::new(next));
+    }
+}
+
+/// The Secrets the deployments reference: tenants files and providers' keys.
+fn secret_refs(mds: &[Arc<ModelDeployment>]) -> crate::secrets::Refs {
+    crate::secrets::Refs {
+        tenants: mds.iter().filter_map(|m| build::tenants_ref(m)).collect(),
+        keys: mds.iter().flat_map(|m| build::provider_key_refs(m)).collect(),
     }
 }

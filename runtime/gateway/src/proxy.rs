@@ -159,19 +159,8 @@ pub async fn attempt(
     let id = job.auth.deployment.id.clone();
     let model = job.routed.model.clone();
     gw.metrics.touch(&id);
-    let mut pending_until = job.deadline.min(job.arrival + gw.settings.max_pending_wait);
-    if let Some(wait) = wait {
-        pending_until = pending_until.min(Instant::now() + wait);
-    }
-    if let Some(by) = job.first_token_by {
-        pending_until = pending_until.min(by);
-    }
-    let scope = if job.auth.deployment.shared_prefix_cache {
-        "deployment".to_string()
-    } else {
-        format!("tenant:{}", job.auth.tenant.id)
-    };
-    let key = affinity_key(&scope, job.auth.adapter.as_deref(), &job.routed);
+    let pending_until = pending_until(gw, &job, wait);
+    let key = cache_key(&job);
     crate::mirror::launch(gw, &job, key);
     let mut tried: Vec<String> = Vec::new();
     let mut last: Option<Failure> = None;
@@ -190,8 +179,7 @@ pub async fn attempt(
             Err(e) => return Ok(fail(&mut job.record, e)),
         };
         let want = wanted(&d, &job.auth.tenant.id, key);
-        let adapter = job.auth.adapter.as_deref();
-        let Some(choice) = choose(gw, &d, key, adapter, &tried, want.as_deref()) else {
+        let Some(choice) = choose(gw, &d, key, job.auth.adapter.as_deref(), &tried, want.as_deref()) else {
             break;
         };
         count_route(gw, &d, &choice, want.is_some(), attempt);
@@ -199,13 +187,7 @@ pub async fn attempt(
         tried.push(choice.pod.name.clone());
         let inflight = gw.loads.start(&choice.pod.name);
         let mut probe = Probe::new(gw.metrics.clone(), &id, &choice.pod, false);
-        let span = trace::attempt_span(
-            attempt,
-            &choice.pod.name,
-            &choice.pod.revision,
-            choice.decision.label(),
-            previous.as_deref(),
-        );
+        let span = attempt_span(attempt, &choice, previous.as_deref());
         let sent = Instant::now();
         let judged = match send(gw, &job, &choice.pod, &span).instrument(span.clone()).await {
             Ok(resp) => judge(gw, &job, &choice.pod, resp).instrument(span.clone()).await,
@@ -248,6 +230,40 @@ pub async fn attempt(
         return Ok(exhausted(gw, &mut job.record, last, &model));
     }
     refuse(job, Unstarted::Exhausted(last, model))
+}
+
+/// How long `job` may wait for a Ready replica: its pending limit, its first-token deadline, and
+/// `wait` from now, whichever ends first.
+fn pending_until(gw: &Gateway, job: &Job, wait: Option<Duration>) -> Instant {
+    let mut until = job.deadline.min(job.arrival + gw.settings.max_pending_wait);
+    if let Some(wait) = wait {
+        until = until.min(Instant::now() + wait);
+    }
+    if let Some(by) = job.first_token_by {
+        until = until.min(by);
+    }
+    until
+}
+
+/// The request's prefix-affinity key, in its cache scope (the tenant's, or the deployment's).
+fn cache_key(job: &Job) -> u64 {
+    let scope = if job.auth.deployment.shared_prefix_cache {
+        "deployment".to_string()
+    } else {
+        format!("tenant:{}", job.auth.tenant.id)
+    };
+    affinity_key(&scope, job.auth.adapter.as_deref(), &job.routed)
+}
+
+fn attempt_span(attempt: u32, choice: &Choice, previous: Option<&str>) -> tracing::Span {
+    let pod = &choice.pod;
+    trace::attempt_span(
+        attempt,
+        &pod.name,
+        &pod.revision,
+        choice.decision.label(),
+        previous,
+    )
 }
 
 /// Gives `job` back refused (see [`Refused`]); the trigger follows from why.

@@ -151,22 +151,12 @@ async fn generate_in(gw: Arc<Gateway>, req: Request, arrival: Instant, mut recor
         Ok(a) => a,
         Err(e) => return fail(&mut record, e),
     };
-    if let Err(e) = auth.deployment.check_task(parts.uri.path()) {
-        return fail(&mut record, e);
-    }
-    let first_token_within = match first_token_within(&auth, &parts.headers) {
+    let checked = auth.deployment.check_task(parts.uri.path());
+    let first_token_within = match checked.and_then(|_| first_token_within(&auth, &parts.headers)) {
         Ok(w) => w,
         Err(e) => return fail(&mut record, e),
     };
-    record.namespace = auth.deployment.id.namespace.clone();
-    record.deployment = auth.deployment.id.name.clone();
-    record.tenant = auth.tenant.id.clone();
-    record.span.record(genai::REQUEST_MODEL, routed.model.as_str());
-    record.span.record(genai::TENANT, auth.tenant.id.as_str());
-    record.span.record(
-        "modelfleet.deployment",
-        format!("{}/{}", record.namespace, record.deployment),
-    );
+    describe(&mut record, &auth, &routed);
     // 3. The tenant's limits over the fleet: refused here, a request costs the pods nothing.
     let who = Who {
         namespace: auth.deployment.id.namespace.clone(),
@@ -210,6 +200,19 @@ async fn generate_in(gw: Arc<Gateway>, req: Request, arrival: Instant, mut recor
     let mut resp = proxy::forward(gw, job).await;
     rate.apply(resp.headers_mut());
     resp
+}
+
+/// Names the request's deployment, tenant and model in its record and span.
+fn describe(record: &mut Record, auth: &Authorized, routed: &crate::request::Routed) {
+    record.namespace = auth.deployment.id.namespace.clone();
+    record.deployment = auth.deployment.id.name.clone();
+    record.tenant = auth.tenant.id.clone();
+    record.span.record(genai::REQUEST_MODEL, routed.model.as_str());
+    record.span.record(genai::TENANT, auth.tenant.id.as_str());
+    record.span.record(
+        "modelfleet.deployment",
+        format!("{}/{}", record.namespace, record.deployment),
+    );
 }
 
 /// How long the request may go without its first token: the caller's header, or the deployment's
