@@ -167,6 +167,25 @@ async fn crds_install_and_the_api_server_enforces_their_schema() {
             "blockSize must be one of 8, 16, 32, 64, 128",
         ),
         (
+            "a fallback target with both a deployment and a provider (CEL)",
+            model_deployment(
+                "two-places",
+                "  fallback:\n    targets:\n    - modelDeployment: small\n      provider:\n        name: ext\n        \
+                 baseUrl: https://api.example.com/v1\n        model: m\n",
+                DIGEST,
+            ),
+            "a fallback target names exactly one of modelDeployment and provider",
+        ),
+        (
+            "a first-token deadline out of range",
+            model_deployment(
+                "deadline",
+                "  fallback:\n    firstTokenDeadlineMilliseconds: 0\n    targets:\n    - modelDeployment: small\n",
+                DIGEST,
+            ),
+            "should be greater than or equal to 1",
+        ),
+        (
             "unknown autoscaling mode",
             model_deployment("mode", "  autoscaling:\n    mode: Sometimes\n", DIGEST),
             "Unsupported value: \"Sometimes\"",

@@ -465,6 +465,7 @@ async fn a_provider_answers_when_the_fleet_is_saturated_and_is_priced_as_itself(
     let (status, served_by, body) =
         wait_until("a request refused as saturated", Duration::from_secs(30), || {
             let ask = ask_n(8, 4);
+            let own = own.clone();
             async move {
                 let (status, served_by, body) = ask.await;
                 (served_by != own).then_some((status, served_by, body))
