@@ -23,6 +23,7 @@
 use crate::edge::Authorized;
 use crate::fleet::{Deployment, DeploymentId};
 use crate::limits::Who;
+use crate::limits::headers::RateHeaders;
 use crate::provider::Provider;
 use crate::proxy::{Job, attempt};
 use crate::refusal::Refused;
@@ -69,24 +70,29 @@ pub async fn forward(gw: Arc<Gateway>, job: Job, spec: &FallbackSpec) -> Respons
         .await
         .map(|resp| served_by(resp, &origin));
     let mut next = 0;
+    // The rate-limit headers of the lease the request is under after a move (the caller's limits
+    // at the target, which is what the request was charged to).
+    let mut rate: Option<RateHeaders> = None;
     loop {
         let refused = match outcome {
-            Ok(resp) => return resp,
+            Ok(resp) => return rated(resp, rate),
             Err(refused) => refused,
         };
         let trigger = refused.refusal.trigger;
         let Some(i) = (next..targets.len()).find(|&i| targets[i].spec.takes(trigger)) else {
-            return answer(&gw, *refused);
+            return rated(answer(&gw, *refused), rate);
         };
         next = i + 1;
         let target = &targets[i];
         let moved = match target.take(&gw, *refused, &origin, trigger).await {
             Ok(Moved::Deployment(mut job, id)) => {
                 job.first_token_by = rearm(next);
+                rate = Some(job.lease.headers.clone());
                 (job, id)
             }
             Ok(Moved::Provider(job, provider)) => {
-                return crate::provider::forward(job, provider, &origin).await;
+                let moved_rate = Some(job.lease.headers.clone());
+                return rated(crate::provider::forward(job, provider, &origin).await, moved_rate);
             }
             Err(refused) => {
                 outcome = Err(refused);
@@ -98,6 +104,20 @@ pub async fn forward(gw: Arc<Gateway>, job: Job, spec: &FallbackSpec) -> Respons
             .await
             .map(|resp| served_by(resp, &id));
     }
+}
+
+/// Marks an answer whose rate-limit headers are those of the lease it was served under after a move
+/// (the edge then leaves them as they are).
+#[derive(Clone, Copy, Debug)]
+pub struct Rated;
+
+/// `resp` with the moved request's rate-limit headers, if it moved.
+fn rated(mut resp: Response, rate: Option<RateHeaders>) -> Response {
+    if let Some(rate) = rate {
+        rate.apply(resp.headers_mut());
+        resp.extensions_mut().insert(Rated);
+    }
+    resp
 }
 
 /// The answer of the last deployment that refused, naming it.

@@ -198,7 +198,10 @@ async fn generate_in(gw: Arc<Gateway>, req: Request, arrival: Instant, mut recor
         record,
     };
     let mut resp = proxy::forward(gw, job).await;
-    rate.apply(resp.headers_mut());
+    // A moved request's answer carries its target's headers already (fallback::Rated).
+    if resp.extensions().get::<crate::fallback::Rated>().is_none() {
+        rate.apply(resp.headers_mut());
+    }
     resp
 }
 

@@ -469,3 +469,36 @@ async fn a_provider_whose_key_cannot_be_read_is_passed_over() {
     assert_eq!(pods[1].hits(), 0);
     assert_eq!(fallbacks(&gw, "saturated", "no_key"), 1.0);
 }
+
+#[tokio::test]
+async fn a_moved_answer_carries_the_rate_limits_it_was_charged_to() {
+    let (pods, port) = pods(2).await;
+    let here = "tenants:\n- id: a\n  apiKeys: [sk-tenant-a]\n  requestsPerMinute: 600\n";
+    let there = "tenants:\n- id: a\n  apiKeys: [sk-tenant-a]\n  requestsPerMinute: 60\n";
+    let fleet = Fleet::new(
+        vec![
+            primary(
+                &[pods[0].pod()],
+                keys(here),
+                1,
+                &[("small", &[FallbackTrigger::Saturated])],
+            ),
+            other("small", "smol", &[pods[1].pod()], keys(there)),
+        ],
+        true,
+    );
+    let gw = TestGateway::start(settings(port), fleet, 8).await;
+    let url = gw.url("/v1/chat/completions");
+    let (status, h, _) = post(&url, &chat("hi", false), Some("sk-tenant-a")).await;
+    assert_eq!((status, header(&h, SERVED_BY)), (200, "ns/chat".into()));
+    assert_eq!(header(&h, "x-ratelimit-limit-requests"), "600");
+    pods[0].set(Mode::Status(429, "queue_full"));
+    let (status, h, _) = post(&url, &chat("hi", false), Some("sk-tenant-a")).await;
+    assert_eq!((status, header(&h, SERVED_BY)), (200, "ns/small".into()));
+    assert_eq!(
+        header(&h, "x-ratelimit-limit-requests"),
+        "60",
+        "the target's limits, which the request was charged to"
+    );
+    assert_eq!(header(&h, "x-ratelimit-remaining-requests"), "59");
+}
