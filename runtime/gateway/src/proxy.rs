@@ -8,8 +8,9 @@
 //! that went away keeps the request (502 `upstream_failed`, logged with the tenant and a hash of the
 //! body), so one poison request takes down at most one replica. A tenant-quota 429 and every other
 //! answer go to the client as the pod gave them. With a first-token deadline (`Job::first_token_by`)
-//! each pod is told what is left of it; its 504 `first_token_deadline`, or its silence
-//! [`FIRST_TOKEN_GRACE`] past the deadline, ends the attempts without a retry ([`crate::refusal`]).
+//! each pod is told what is left of it; its 504 `first_token_deadline`, or — for a stream — its
+//! silence [`FIRST_TOKEN_GRACE`] past the deadline, ends the attempts without a retry
+//! ([`crate::refusal`]).
 //!
 //! Invariants: nothing is retried once a byte reached the client; a stream whose pod fails midway
 //! ends with `data: {"error": …}` and `data: [DONE]` (a JSON answer is cut off, which the client sees
@@ -104,13 +105,14 @@ pub struct Job {
 }
 
 impl Job {
-    /// When an attempt stops waiting for its first byte: the deadline, or shortly after the
-    /// first-token deadline (the pod answers 504 `first_token_deadline` at it; one that does not
-    /// is cut).
+    /// When an attempt stops waiting for its first byte: the deadline, or — for a stream, whose
+    /// first byte comes with its first token — shortly after the first-token deadline (the pod
+    /// answers 504 `first_token_deadline` at it; one that does not is cut). A JSON answer's first
+    /// byte comes only with its last token: there the pod alone keeps the first-token deadline.
     fn first_byte_by(&self) -> Instant {
         match self.first_token_by {
-            Some(by) => self.deadline.min(by + FIRST_TOKEN_GRACE),
-            None => self.deadline,
+            Some(by) if self.routed.stream => self.deadline.min(by + FIRST_TOKEN_GRACE),
+            _ => self.deadline,
         }
     }
 

@@ -270,13 +270,14 @@ async fn a_first_token_deadline_moves_a_request_the_pod_gave_up_or_that_stayed_s
         "the last target has no deadline: nothing to move to after it"
     );
     assert_eq!(fallbacks(&gw, "first_token_deadline", "moved"), 1.0);
-    // A pod silent past the deadline (and the grace for its own answer) is cut — the connection
-    // closed, so it cancels the request — and the request moves.
+    // A stream's pod silent past the deadline (and the grace for its own answer) is cut — the
+    // connection closed, so it cancels the request — and the request moves. (A JSON answer's first
+    // byte comes with its last token: there only the pod's own 504 moves it.)
     for p in &pods[..2] {
         p.set(Mode::Slow);
     }
     let began = Instant::now();
-    let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("silent", false), None).await;
+    let (status, h, body) = post(&gw.url("/v1/chat/completions"), &chat("silent", true), None).await;
     let took = began.elapsed();
     assert_eq!(status, 200, "{body}");
     assert_eq!(header(&h, SERVED_BY), "ns/small");
@@ -295,7 +296,7 @@ async fn a_first_token_deadline_moves_a_request_the_pod_gave_up_or_that_stayed_s
     let began = Instant::now();
     let url = gw.url("/v1/chat/completions");
     let shorter = [("x-modelfleet-first-token-deadline-ms", "100")];
-    let (status, h, _) = post_with(&url, &chat("hurry", false), None, &shorter).await;
+    let (status, h, _) = post_with(&url, &chat("hurry", true), None, &shorter).await;
     assert_eq!((status, header(&h, SERVED_BY)), (200, "ns/small".into()));
     assert!(
         began.elapsed() < Duration::from_millis(400 + 250),
@@ -304,7 +305,7 @@ async fn a_first_token_deadline_moves_a_request_the_pod_gave_up_or_that_stayed_s
     );
     let longer = [("x-modelfleet-first-token-deadline-ms", "60000")];
     let began = Instant::now();
-    let (status, _, _) = post_with(&url, &chat("patient", false), None, &longer).await;
+    let (status, _, _) = post_with(&url, &chat("patient", true), None, &longer).await;
     assert_eq!(status, 200);
     assert!(
         began.elapsed() < Duration::from_secs(2),

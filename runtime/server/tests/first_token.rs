@@ -1,7 +1,7 @@
 //! The first-token deadline (`x-modelfleet-first-token-deadline-ms`, docs/api.md): a request that has
 //! not sampled its first token in time is answered 504 `first_token_deadline` at the deadline —
-//! whether it waited in the engine's queue or in a held (`--fault-delay-ms`) handler — with nothing
-//! generated and nothing left running; one that started in time is not cut; a bad value is a 400
+//! whether it waited in the engine's queue or in a held (`--fault-delay-ms`) handler, one choice or a
+//! fan-out of several — with nothing generated and nothing left running; one that started in time is not cut; a bad value is a 400
 //! naming the header.
 
 mod common;
@@ -38,7 +38,7 @@ async fn a_queued_request_past_its_first_token_deadline_is_refused_and_the_runni
     let base = s.base();
     // Long answers hold the only sequence slot, one after another …
     let long = json!({"model": "tiny", "prompt": "hello", "max_tokens": 2000, "ignore_eos": true});
-    let holders: Vec<_> = (0..6)
+    let holders: Vec<_> = (0..10)
         .map(|_| {
             let (base, long) = (base.clone(), long.clone());
             tokio::spawn(async move { complete(&base, long, Some("60000")).await })
@@ -55,6 +55,14 @@ async fn a_queued_request_past_its_first_token_deadline_is_refused_and_the_runni
         took < Duration::from_secs(3),
         "answered at the deadline, not later: {took:?}"
     );
+    // A fan-out (two choices) is kept to the deadline as a whole, streamed or not.
+    for stream in [false, true] {
+        let fan = json!({"model": "tiny", "prompt": "hi", "max_tokens": 4, "n": 2, "stream": stream});
+        let (status, v, took) = complete(&base, fan, Some("200")).await;
+        assert_eq!(status, 504, "{v}");
+        assert_eq!(v["error"]["code"], "first_token_deadline", "{v}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+    }
     // The holders each had their first token in time: they run to their end.
     for h in holders {
         let (status, v, _) = h.await.unwrap();

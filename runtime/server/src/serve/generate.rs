@@ -107,6 +107,9 @@ pub fn submit(st: &AppState, job: &JobSpec, choices: Vec<ChoiceSpec>) -> Result<
     let n = choices.iter().filter(|c| c.prompt_index == 0).count();
     let max_tokens = choices.first().and_then(|c| c.params.max_tokens).unwrap_or(0);
     let scope = st.cache_scope(&job.tenant);
+    // A single choice's first-token deadline is the engine's (it ends the request even in the queue);
+    // a fan-out's is kept over all its choices by the answer ([`first_event`]).
+    let first_token_deadline = job.first_token_by.filter(|_| choices.len() == 1);
     let mut places = Vec::with_capacity(choices.len());
     let requests = choices
         .into_iter()
@@ -122,7 +125,7 @@ pub fn submit(st: &AppState, job: &JobSpec, choices: Vec<ChoiceSpec>) -> Result<
                 params: c.params,
                 arrival: job.arrival,
                 deadline: Some(deadline),
-                first_token_deadline: job.first_token_by,
+                first_token_deadline,
             }
         })
         .collect();
@@ -308,12 +311,34 @@ impl Collected {
     }
 }
 
+/// The first event of a request's choices, by `first_token_by` if given (a fan-out's first-token
+/// deadline). Past it the caller drops the events, which aborts every choice.
+pub async fn first_event(
+    events: &mut futures::stream::BoxStream<'static, (usize, RequestEvent)>,
+    first_token_by: Option<Instant>,
+) -> Result<Option<(usize, RequestEvent)>, ApiError> {
+    let Some(by) = first_token_by else {
+        return Ok(events.next().await);
+    };
+    tokio::time::timeout_at(by.into(), events.next())
+        .await
+        .map_err(|_| {
+            modelfleet_api::deadline::passed("no first token within the request's first-token deadline")
+        })
+}
+
 /// Runs every choice to its end; a request whose every choice ended before its first token answers
 /// with that error.
-pub async fn collect(st: &AppState, tenant: &str, running: Vec<Running>) -> Result<Collected, ApiError> {
+pub async fn collect(st: &AppState, job: &JobSpec, running: Vec<Running>) -> Result<Collected, ApiError> {
     let keys: Vec<(usize, u32)> = running.iter().map(|r| (r.prompt_index, r.index)).collect();
     let mut outs: Vec<ChoiceOut> = running.iter().map(|_| ChoiceOut::default()).collect();
+    let fan_out = running.len() > 1;
     let mut events = merged(running);
+    let first = first_event(&mut events, job.first_token_by.filter(|_| fan_out)).await?;
+    let tenant = job.tenant.id.as_str();
+    if let Some((i, ev)) = first {
+        outs[i].apply(st, tenant, &ev);
+    }
     while let Some((i, ev)) = events.next().await {
         outs[i].apply(st, tenant, &ev);
     }

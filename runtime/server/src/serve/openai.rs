@@ -113,7 +113,7 @@ async fn streamed(
     usage: UsageOut,
     field: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let who = (job.tenant.id.clone(), job.model.clone());
+    let who = (job.tenant.id.clone(), job.model.clone(), job.first_token_by);
     stream_response(st, who, running, flavor, usage)
         .await
         .map_err(|e| structured::name_field(e, field))
@@ -126,7 +126,7 @@ async fn collected(
     running: Vec<generate::Running>,
     field: Option<&str>,
 ) -> Result<generate::Collected, ApiError> {
-    generate::collect(st, &job.tenant.id, running)
+    generate::collect(st, job, running)
         .await
         .map_err(|e| structured::name_field(e, field))
 }

@@ -57,14 +57,15 @@ pub struct UsageOut {
 /// Streams the choices as SSE (see the module header).
 pub async fn stream_response(
     st: Arc<AppState>,
-    (tenant, model): (String, String),
+    (tenant, model, first_token_by): (String, String, Option<std::time::Instant>),
     running: Vec<Running>,
     flavor: Flavor,
     usage: UsageOut,
 ) -> Result<Response, ApiError> {
     let keys: Vec<(usize, u32)> = running.iter().map(|r| (r.prompt_index, r.index)).collect();
+    let fan_out = running.len() > 1;
     let mut events = generate::merged(running);
-    let first = events.next().await;
+    let first = generate::first_event(&mut events, first_token_by.filter(|_| fan_out)).await?;
     if keys.len() == 1
         && let Some((_, RequestEvent::Finished(f))) = &first
         && let Some(e) = generate::early_failure(&st, f)
