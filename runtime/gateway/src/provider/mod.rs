@@ -137,8 +137,7 @@ async fn send(mut job: Job, provider: Arc<Provider>, origin: &DeploymentId) -> R
             unreachable(&provider, "the request body is not a JSON object"),
         );
     };
-    let stream =
-        asked || serde_json::from_slice::<serde_json::Value>(&body).is_ok_and(|v| v["stream"] == true);
+    let stream = job.routed.stream;
     let mut request = client()
         .post(provider.url(&job.path))
         .header(header::CONTENT_TYPE, "application/json")
