@@ -48,13 +48,15 @@ for line in sys.stdin:
 
 # Scenarios that change what every other one shares (they kill the operator's leader, restart the API
 # server, change the gateway's replicas through helm, taint the node) or that size replicas by the CPU
-# they measure, or count status writes under steady load, run alone; the rest run in two lanes side by
-# side (they wait on pods far more than they compute; the lanes about even, 350 and 410 s here). A
+# they measure, or count status writes under steady load, or need no keyless ModelDeployment anywhere in
+# the cluster for a while (gateway: an unknown key is a 401 before the body only then — lane A's
+# scenarios keep keyless ones up back to back), run alone; the rest run in two lanes side by
+# side (they wait on pods far more than they compute; the lanes about even, 270 and 380 s here). A
 # scenario this list does not name runs alone, at the end.
 alone_first=(autoscaling)
 lane_a=(rollout rollout_affinity crds images families traces fallback)
-lane_b=(delivery capacity gateway gateway_affinity lora poison node)
-alone_last=(serving operator limits placement chaos)
+lane_b=(delivery capacity gateway_affinity lora poison node)
+alone_last=(gateway serving operator limits placement chaos)
 listed=" ${alone_first[*]} ${lane_a[*]} ${lane_b[*]} ${alone_last[*]} "
 for f in e2e/tests/*.rs; do
   name=$(basename "$f" .rs)
