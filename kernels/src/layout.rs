@@ -94,7 +94,8 @@ pub struct AttnSeq<'a> {
     pub num_rows: usize,
     /// Position of the first new token (tokens before it are already in the cache).
     pub first_pos: usize,
-    /// Blocks holding positions `0..first_pos + num_rows`.
+    /// Blocks holding positions `0..first_pos + num_rows`; under a sliding window, entries before the
+    /// block holding the first row's window start are never read and may be any value.
     pub block_table: &'a [u32],
 }
 

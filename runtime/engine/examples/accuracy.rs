@@ -62,14 +62,15 @@ impl Model {
     /// The logits at every position of `tokens`, in one forward pass.
     fn logits(&self, kernels: &CpuKernels, tokens: &[u32]) -> Result<Vec<Vec<f32>>, Error> {
         let block = 16;
-        let blocks = tokens.len().div_ceil(block) + 1;
-        let mut kv = KvCacheManager::new(FreeListPool::new(blocks), block);
+        let groups = self.model.kv_groups();
+        let blocks = (tokens.len().div_ceil(block) + 1) * groups.len();
+        let mut kv = KvCacheManager::with_groups(FreeListPool::new(blocks), block, groups);
         let mut cache = self.model.new_kv_cache(kernels, blocks, block);
         let table = kv.allocate_slots(0, 0, tokens.len())?.to_vec();
         let input = SeqInput {
             tokens,
             start_pos: 0,
-            block_table: &table,
+            block_tables: &table,
             logits: LogitsRows::All,
             adapter: None,
         };
@@ -81,8 +82,9 @@ impl Model {
     /// `prompt` followed by `new_tokens` greedily chosen tokens (one decode step per token).
     fn greedy(&self, kernels: &CpuKernels, prompt: &[u32], new_tokens: usize) -> Result<Vec<u32>, Error> {
         let block = 16;
-        let blocks = (prompt.len() + new_tokens).div_ceil(block) + 1;
-        let mut kv = KvCacheManager::new(FreeListPool::new(blocks), block);
+        let groups = self.model.kv_groups();
+        let blocks = ((prompt.len() + new_tokens).div_ceil(block) + 1) * groups.len();
+        let mut kv = KvCacheManager::with_groups(FreeListPool::new(blocks), block, groups);
         let mut cache = self.model.new_kv_cache(kernels, blocks, block);
         let mut seq = prompt.to_vec();
         let mut start = 0;
@@ -91,7 +93,7 @@ impl Model {
             let input = SeqInput {
                 tokens: &seq[start..],
                 start_pos: start,
-                block_table: &table,
+                block_tables: &table,
                 logits: LogitsRows::Last,
                 adapter: None,
             };

@@ -58,8 +58,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kernels = CpuKernels::new(threads);
     let model = Decoder::load(&kernels, md.config.clone(), &md.weights)?;
     let block = 16;
-    let blocks = batch * (prompt_len + steps).div_ceil(block) + 1;
-    let mut kv = KvCacheManager::new(FreeListPool::new(blocks), block);
+    let groups = model.kv_groups().clone();
+    let blocks = (batch * (prompt_len + steps).div_ceil(block) + 1) * groups.len();
+    let mut kv = KvCacheManager::with_groups(FreeListPool::new(blocks), block, &groups);
     let mut cache = model.new_kv_cache_as(&kernels, blocks, block, kv_dtype);
     println!("{} | {}", kernels.describe(), dir);
 
@@ -78,7 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let input = SeqInput {
             tokens: &base,
             start_pos: 0,
-            block_table: &table,
+            block_tables: &table,
             logits: LogitsRows::Last,
             adapter: None,
         };
@@ -96,7 +97,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let input = SeqInput {
             tokens: &prompt,
             start_pos: 0,
-            block_table: &table,
+            block_tables: &table,
             logits: LogitsRows::Last,
             adapter: None,
         };
@@ -116,10 +117,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let t = Instant::now();
     for _ in 0..steps {
-        let tables: Vec<Vec<u32>> = (0..batch)
+        let tables: Vec<Vec<Vec<u32>>> = (0..batch)
             .map(|b| {
                 kv.allocate_slots(b as u64, seqs[b].len() - 1, 1)
-                    .map(<[u32]>::to_vec)
+                    .map(<[Vec<u32>]>::to_vec)
             })
             .collect::<Result<_, _>>()?;
         let inputs: Vec<SeqInput<'_>> = seqs
@@ -128,7 +129,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|(s, t)| SeqInput {
                 tokens: &s[s.len() - 1..],
                 start_pos: s.len() - 1,
-                block_table: t,
+                block_tables: t,
                 logits: LogitsRows::Last,
                 adapter: None,
             })
@@ -152,7 +153,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if check {
         // Each sequence again, alone, from its prompt: every decode step must match bit for bit.
         for (b, s) in seqs.iter().enumerate() {
-            let mut kv = KvCacheManager::new(FreeListPool::new(blocks), block);
+            let mut kv = KvCacheManager::with_groups(FreeListPool::new(blocks), block, &groups);
             let mut cache = model.new_kv_cache_as(&kernels, blocks, block, kv_dtype);
             let n_prompt = s.len() - steps;
             for (step, want) in batched_logits[b].iter().enumerate() {
@@ -162,7 +163,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let input = SeqInput {
                     tokens: &s[pos..end],
                     start_pos: pos,
-                    block_table: &table,
+                    block_tables: &table,
                     logits: LogitsRows::Last,
                     adapter: None,
                 };

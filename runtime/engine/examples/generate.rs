@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let input = SeqInput {
             tokens: &tokens[start..],
             start_pos: start,
-            block_table: &table,
+            block_tables: &table,
             logits: LogitsRows::Last,
             adapter: None,
         };

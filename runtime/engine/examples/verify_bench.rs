@@ -89,7 +89,7 @@ impl Opts {
 }
 
 /// A stream's tokens and block table.
-type Stream = (Vec<u32>, Vec<u32>);
+type Stream = (Vec<u32>, Vec<Vec<u32>>);
 
 /// Each stream's prompt (`context` tokens, then `max_rows` more to score) and block table, the
 /// prompt's first `context` tokens already in `cache`.
@@ -121,7 +121,7 @@ fn fill(
         let input = SeqInput {
             tokens: &prompt[..o.context],
             start_pos: 0,
-            block_table: &table,
+            block_tables: &table,
             logits: LogitsRows::Last,
             adapter: None,
         };
@@ -216,7 +216,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|(p, t)| SeqInput {
                 tokens: &p[context..context + n],
                 start_pos: context,
-                block_table: t,
+                block_tables: t,
                 logits: LogitsRows::All,
                 adapter: None,
             })

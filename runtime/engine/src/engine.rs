@@ -8,7 +8,8 @@
 
 use crate::ModelDir;
 use crate::error::{EngineError, Result};
-use crate::kv::KvCache;
+use crate::kv::sizing::default_pool_blocks;
+use crate::kv::{KvCache, KvGroups};
 use crate::lora::LoraAdapter;
 use crate::model::lora::LoraWeights;
 use crate::model::{Decoder, Logits, SeqInput};
@@ -27,7 +28,7 @@ pub struct EngineConfig {
     pub block_size: usize,
     /// KV blocks in the pool (`serve` passes what [`crate::kv::sizing::plan_pool`] derived from
     /// `--num-kv-blocks`, `--kv-cache-memory-bytes` or the memory limit); `None` = the default pool
-    /// ([`crate::kv::sizing::default_pool_tokens`]).
+    /// ([`crate::kv::sizing::default_pool_blocks`]).
     pub num_kv_blocks: Option<usize>,
     /// Context limit (`--max-model-len`); `None` = the model's `max_position_embeddings`.
     pub max_model_len: Option<usize>,
@@ -103,11 +104,13 @@ impl<K: Kernels> Engine<K> {
                 message: "must be >= 1, got 0".into(),
             });
         }
-        let blocks = cfg.num_kv_blocks.unwrap_or_else(|| {
-            crate::kv::sizing::default_pool_tokens(cfg.max_num_seqs, max_model_len).div_ceil(cfg.block_size)
-        });
         let mut config = model_dir.config.clone();
         config.serving_context = max_model_len;
+        let blocks = cfg.num_kv_blocks.unwrap_or_else(|| {
+            let groups = KvGroups::new(&config.layer_windows(max_model_len));
+            let step = crate::sched::SchedulerConfig::default().max_num_batched_tokens;
+            default_pool_blocks(&groups, cfg.max_num_seqs, max_model_len, step, cfg.block_size)
+        });
         let model = Decoder::load(&kernels, config, &model_dir.weights)?;
         let cache = model.new_kv_cache_as(&kernels, blocks, cfg.block_size, cfg.kv_cache_dtype);
         let mut model_dir = model_dir;
@@ -219,6 +222,11 @@ impl<K: Kernels> Engine<K> {
         self.draft.as_ref().map(|d| d.cache.layout.num_blocks)
     }
 
+    /// The draft model's KV-cache groups, if one is attached.
+    pub fn draft_kv_groups(&self) -> Option<&KvGroups> {
+        self.draft.as_ref().map(|d| d.model.kv_groups())
+    }
+
     /// Runs one pass of the draft model over `batch` (block tables index the draft's own storage).
     pub fn draft_step(&mut self, batch: &[SeqInput<'_>]) -> Result<Logits> {
         let max = self.max_model_len;
@@ -269,6 +277,18 @@ impl<K: Kernels> Engine<K> {
     /// Tokens per KV block.
     pub fn block_size(&self) -> usize {
         self.cache.layout.block_size
+    }
+
+    /// How the model's layers share the KV blocks (one table per group per sequence).
+    pub fn kv_groups(&self) -> &KvGroups {
+        self.model.kv_groups()
+    }
+
+    /// The longest request (tokens) the KV pool holds alone, computed in steps of at most `step`
+    /// tokens: the pool's tokens, or more where window groups give blocks back.
+    pub fn kv_capacity_tokens(&self, step: usize) -> usize {
+        self.kv_groups()
+            .tokens_fitting(self.num_kv_blocks(), step, self.block_size())
     }
 
     /// Bytes of KV-cache storage.

@@ -40,7 +40,7 @@ fn run(engine: &mut Engine, requests: Vec<(Vec<u32>, SamplingParams)>) -> Vec<(V
         if live.is_empty() {
             break;
         }
-        let tables: Vec<Vec<u32>> = live
+        let tables: Vec<Vec<Vec<u32>>> = live
             .iter()
             .map(|&i| {
                 let r = &reqs[i];
@@ -55,7 +55,7 @@ fn run(engine: &mut Engine, requests: Vec<(Vec<u32>, SamplingParams)>) -> Vec<(V
             .map(|(&i, t)| SeqInput {
                 tokens: &reqs[i].tokens[reqs[i].computed..],
                 start_pos: reqs[i].computed,
-                block_table: t,
+                block_tables: t,
                 logits: LogitsRows::Last,
                 adapter: None,
             })
@@ -153,7 +153,7 @@ fn limits_are_checked_at_load_and_per_step() {
     let seq = SeqInput {
         tokens: &[1; 9],
         start_pos: 0,
-        block_table: &[0, 1, 2],
+        block_tables: &[vec![0, 1, 2]],
         logits: LogitsRows::Last,
         adapter: None,
     };

@@ -89,7 +89,7 @@ fn alone_as(f: &Fixture, tokens: &[u32], dtype: KvDType) -> Vec<f32> {
     let seq = SeqInput {
         tokens,
         start_pos: 0,
-        block_table: &table,
+        block_tables: &table,
         logits: LogitsRows::All,
         adapter: None,
     };
@@ -146,9 +146,9 @@ fn mixed_batch_matches_alone(f: &Fixture, dtype: KvDType) {
             kv.allocate_slots(i as u64, done[i], n).unwrap();
             chunks.push((i, done[i], n));
         }
-        let tables: Vec<Vec<u32>> = chunks
+        let tables: Vec<Vec<Vec<u32>>> = chunks
             .iter()
-            .map(|&(i, _, _)| kv.block_table(i as u64).to_vec())
+            .map(|&(i, _, _)| kv.block_tables(i as u64).to_vec())
             .collect();
         let batch: Vec<SeqInput<'_>> = chunks
             .iter()
@@ -156,7 +156,7 @@ fn mixed_batch_matches_alone(f: &Fixture, dtype: KvDType) {
             .map(|(&(i, start, n), t)| SeqInput {
                 tokens: &prompts[i][start..start + n],
                 start_pos: start,
-                block_table: t,
+                block_tables: t,
                 logits: LogitsRows::All,
                 adapter: None,
             })
@@ -212,18 +212,18 @@ fn last_row_logits_equal_the_last_of_all_rows() {
     let p = prompt(3, 10);
     let all = alone(&f, &p);
     let mut cache = f.model.new_kv_cache(&f.kernels, 8, 4);
-    let table = [5u32, 2, 7];
+    let table = [vec![5u32, 2, 7]];
     let seq = SeqInput {
         tokens: &p,
         start_pos: 0,
-        block_table: &table,
+        block_tables: &table,
         logits: LogitsRows::Last,
         adapter: None,
     };
     let none = SeqInput {
         tokens: &p[..2],
         start_pos: 0,
-        block_table: &[0],
+        block_tables: &[vec![0]],
         logits: LogitsRows::None,
         adapter: None,
     };
@@ -270,19 +270,19 @@ fn bf16_dot_products_track_f32_and_keep_batch_invariance() {
         // Beside another sequence in the same step: the same last row.
         let other = prompt(8, 7);
         let mut cache = one.model.new_kv_cache(&one.kernels, 16, 4);
-        let (t0, t1) = ([0u32, 1], [2u32, 3, 4, 5]);
+        let (t0, t1) = ([vec![0u32, 1]], [vec![2u32, 3, 4, 5]]);
         let seqs = [
             SeqInput {
                 tokens: &other,
                 start_pos: 0,
-                block_table: &t0,
+                block_tables: &t0,
                 logits: LogitsRows::Last,
                 adapter: None,
             },
             SeqInput {
                 tokens: &p,
                 start_pos: 0,
-                block_table: &t1,
+                block_tables: &t1,
                 logits: LogitsRows::Last,
                 adapter: None,
             },
@@ -300,12 +300,13 @@ fn bf16_dot_products_track_f32_and_keep_batch_invariance() {
 fn malformed_batches_are_errors() {
     let f = fixture(Dtype::F32, 1);
     let mut cache = f.model.new_kv_cache(&f.kernels, 4, 4);
+    let (zero, nine, long) = ([vec![0]], [vec![9]], [vec![0; MAX_POS / 4 + 1]]);
     let cases: Vec<(SeqInput<'_>, &str)> = vec![
         (
             SeqInput {
                 tokens: &[VOCAB as u32],
                 start_pos: 0,
-                block_table: &[0],
+                block_tables: &zero,
                 logits: LogitsRows::Last,
                 adapter: None,
             },
@@ -315,7 +316,7 @@ fn malformed_batches_are_errors() {
             SeqInput {
                 tokens: &[1; 5],
                 start_pos: 0,
-                block_table: &[0],
+                block_tables: &zero,
                 logits: LogitsRows::Last,
                 adapter: None,
             },
@@ -325,7 +326,7 @@ fn malformed_batches_are_errors() {
             SeqInput {
                 tokens: &[1],
                 start_pos: 0,
-                block_table: &[9],
+                block_tables: &nine,
                 logits: LogitsRows::Last,
                 adapter: None,
             },
@@ -335,7 +336,7 @@ fn malformed_batches_are_errors() {
             SeqInput {
                 tokens: &[],
                 start_pos: 0,
-                block_table: &[0],
+                block_tables: &zero,
                 logits: LogitsRows::Last,
                 adapter: None,
             },
@@ -345,7 +346,7 @@ fn malformed_batches_are_errors() {
             SeqInput {
                 tokens: &[1],
                 start_pos: MAX_POS,
-                block_table: &[0; MAX_POS / 4 + 1],
+                block_tables: &long,
                 logits: LogitsRows::Last,
                 adapter: None,
             },

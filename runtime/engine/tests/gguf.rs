@@ -43,7 +43,7 @@ fn engine_logits(md: &ModelDir) -> (Vec<u32>, Vec<Vec<f32>>) {
     let seq = SeqInput {
         tokens: &prompt,
         start_pos: 0,
-        block_table: &table,
+        block_tables: &table,
         logits: LogitsRows::All,
         adapter: None,
     };

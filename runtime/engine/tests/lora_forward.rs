@@ -103,7 +103,7 @@ fn engine(dir: &Path) -> Engine {
 
 /// Logits of every prompt position, then the greedy continuation of `n` tokens.
 fn run(e: &mut Engine, prompt: &[u32], adapter: Option<&Arc<LoraAdapter>>, n: usize) -> (Vec<f32>, Vec<u32>) {
-    let table: Vec<u32> = (0..16).collect();
+    let table: Vec<Vec<u32>> = vec![(0..16).collect()];
     let adapters: Vec<Arc<LoraAdapter>> = adapter.into_iter().cloned().collect();
     let idx = adapter.map(|_| 0);
     let first = e
@@ -111,7 +111,7 @@ fn run(e: &mut Engine, prompt: &[u32], adapter: Option<&Arc<LoraAdapter>>, n: us
             &[SeqInput {
                 tokens: prompt,
                 start_pos: 0,
-                block_table: &table,
+                block_tables: &table,
                 logits: LogitsRows::All,
                 adapter: idx,
             }],
@@ -133,7 +133,7 @@ fn run(e: &mut Engine, prompt: &[u32], adapter: Option<&Arc<LoraAdapter>>, n: us
                 &[SeqInput {
                     tokens: &tokens[tokens.len() - 1..],
                     start_pos: pos,
-                    block_table: &table,
+                    block_tables: &table,
                     logits: LogitsRows::Last,
                     adapter: idx,
                 }],

@@ -148,13 +148,14 @@ fn check_shape(shape: Shape, dtype: GenDType) {
     let kernels = CpuKernels::new(0).with_bf16_dot(Bf16Dot::Off);
     let model = Decoder::load(&kernels, md.config.clone(), &md.weights).unwrap();
     let vocab = md.config.vocab_size;
-    let mut kv = KvCacheManager::new(FreeListPool::new(32), 16);
-    let mut cache = model.new_kv_cache(&kernels, 32, 16);
+    let blocks = 32 * model.kv_groups().len();
+    let mut kv = KvCacheManager::with_groups(FreeListPool::new(blocks), 16, model.kv_groups());
+    let mut cache = model.new_kv_cache(&kernels, blocks, 16);
     let table = kv.allocate_slots(1, 0, prompt.len()).unwrap().to_vec();
     let seq = SeqInput {
         tokens: &prompt,
         start_pos: 0,
-        block_table: &table,
+        block_tables: &table,
         logits: LogitsRows::All,
         adapter: None,
     };
@@ -188,7 +189,7 @@ fn check_shape(shape: Shape, dtype: GenDType) {
         let seq = SeqInput {
             tokens: &tokens[pos..],
             start_pos: pos,
-            block_table: &table,
+            block_tables: &table,
             logits: LogitsRows::Last,
             adapter: None,
         };

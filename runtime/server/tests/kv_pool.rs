@@ -236,17 +236,16 @@ fn a_limit_below_one_context_fails_at_start_naming_the_numbers() {
     }
 }
 
-#[test]
-fn plan_predicts_what_serve_allocates_on_smollm2() {
-    let gguf = common::smollm2_gguf();
-    let limit: u64 = 1 << 30;
-    let plan = plan_json(&gguf, limit, &["--max-model-len", "2048"]);
+/// `plan --memory limit` on `model`, and what `serve` under that limit logs: its pool line and the KV
+/// bytes it allocated.
+fn plan_and_serve(model: &Path, limit: u64, max_model_len: &str) -> (serde_json::Value, String, u64) {
+    let plan = plan_json(model, limit, &["--max-model-len", max_model_len]);
     let (port, admin) = (common::free_port(), common::free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
         .arg("serve")
         .arg("--model")
-        .arg(&gguf)
-        .args(["--max-model-len", "2048", "--threads", "1"])
+        .arg(model)
+        .args(["--max-model-len", max_model_len, "--threads", "1"])
         .args(["--port", &port.to_string(), "--admin-port", &admin.to_string()])
         .env("MODELFLEET_MEMORY_LIMIT_BYTES", limit.to_string())
         .env_remove("POD_IP")
@@ -272,9 +271,7 @@ fn plan_predicts_what_serve_allocates_on_smollm2() {
     let pool_line = pool_line.expect("serve logs its pool arithmetic");
     let allocated = allocated.expect("serve logs the KV bytes it allocated");
     let blocks = plan["memory"]["kv_blocks"].as_u64().unwrap();
-    let per_block = plan["kv_bytes_per_token"].as_u64().unwrap() * 16;
-    // SmolLM2-135M: 30 layers x 3 KV heads x 64 x 4 bytes x 2 = 46,080 bytes per token.
-    assert_eq!(plan["kv_bytes_per_token"], 46_080);
+    let per_block = plan["kv_bytes_per_block"].as_u64().unwrap();
     assert_eq!(
         allocated,
         blocks * per_block,
@@ -283,5 +280,48 @@ fn plan_predicts_what_serve_allocates_on_smollm2() {
     assert!(pool_line.contains(&format!("= {blocks} blocks")), "{pool_line}");
     let weights = plan["weight_bytes"].as_u64().unwrap();
     assert!(pool_line.contains(&format!("weights {weights}")), "{pool_line}");
+    (plan, pool_line, allocated)
+}
+
+#[test]
+fn plan_predicts_what_serve_allocates_on_smollm2() {
+    let (plan, pool_line, _) = plan_and_serve(&common::smollm2_gguf(), 1 << 30, "2048");
+    // SmolLM2-135M: 30 layers x 3 KV heads x 64 x 4 bytes x 2 = 46,080 bytes per token.
+    assert_eq!(plan["kv_bytes_per_token"], 46_080);
+    assert_eq!(plan["kv_bytes_per_block"], 46_080 * 16);
+    assert!(
+        plan.get("kv_groups").is_none(),
+        "every layer attends to the whole context"
+    );
     eprintln!("{pool_line}");
+}
+
+/// The real Gemma 3 270M: 3 global and 15 local layers (window 512). Its local layers keep their window,
+/// so at 8,192 tokens a request holds 4.5x fewer KV bytes than full attention on every layer would, and
+/// the pool `serve` allocates is the one `plan` names.
+#[test]
+fn gemma3_window_layers_keep_their_window_and_plan_predicts_serve() {
+    let gguf = modelfleet_testkit::fixtures::gemma3_270m_gguf();
+    let (plan, pool_line, allocated) = plan_and_serve(&gguf, 1 << 30, "8192");
+    // 18 layers x 1 KV head x 256 x 4 bytes x 2 = 36,864 bytes per token with full attention; a block
+    // holds 3 layers: 2 x 3 x 256 x 4 x 16 = 98,304 bytes.
+    assert_eq!(plan["kv_bytes_per_token_full_attention"], 36_864);
+    assert_eq!(plan["kv_bytes_per_block"], 98_304);
+    // At 8,192 tokens, decoding: the global group's 512 blocks and 5 local groups of 512/16 + 1 = 33.
+    assert_eq!(plan["kv_bytes_per_request"], (512 + 5 * 33) * 98_304);
+    let per_token = plan["kv_bytes_per_token"].as_u64().unwrap();
+    let ratio = 36_864.0 / per_token as f64;
+    assert!((4.5..4.6).contains(&ratio), "{ratio}");
+    let groups = plan["kv_groups"].as_str().unwrap();
+    assert!(
+        groups.contains("1 full-attention group, 5 sliding-window groups (512 tokens)"),
+        "{groups}"
+    );
+    let requests = plan["memory"]["requests_at_max_len"].as_u64().unwrap();
+    let full_attention = allocated / (36_864 * 8192);
+    assert!(
+        requests >= 4 * full_attention,
+        "{requests} vs {full_attention} at full attention"
+    );
+    eprintln!("{pool_line}\n{requests} requests of 8,192 tokens; {full_attention} with full attention");
 }

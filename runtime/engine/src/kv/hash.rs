@@ -24,6 +24,18 @@ impl BlockHash {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+
+    /// The key of this block in KV-cache group `g` ([`super::KvGroups`]): group 0 keeps the hash
+    /// itself; another group's blocks of the same tokens hold other layers, so they are cached under
+    /// the hash with its first eight bytes XORed with `g` — as unlikely to meet another chain's hash
+    /// as any two SHA-256 digests are to agree.
+    pub fn for_group(self, g: usize) -> Self {
+        let mut b = self.0;
+        for (x, y) in b.iter_mut().zip((g as u64).to_le_bytes()) {
+            *x ^= y;
+        }
+        Self(b)
+    }
 }
 
 impl fmt::Debug for BlockHash {

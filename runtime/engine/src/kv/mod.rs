@@ -9,6 +9,10 @@
 //! no request sees another scope's block; a request's table always covers every token the model has been
 //! asked to compute for it.
 //!
+//! Layers that attend alike share block tables: [`KvGroups`] (one group for most models; Gemma 3's
+//! sliding-window layers in groups of their own, whose blocks are given back once they leave the
+//! window).
+//!
 //! How many blocks there are is decided in one place, [`sizing`] (from `--num-kv-blocks`,
 //! `--kv-cache-memory-bytes`, a memory limit, or the default).
 //!
@@ -19,6 +23,7 @@
 mod block_pool;
 mod cache;
 mod free_queue;
+mod groups;
 pub mod hash;
 mod manager;
 mod prefix_pool;
@@ -26,6 +31,7 @@ pub mod sizing;
 
 pub use block_pool::{BlockId, BlockPool, FreeListPool};
 pub use cache::KvCache;
+pub use groups::{KvGroups, NULL_BLOCK, first_visible_block};
 pub use hash::{BlockHash, HashExtras, TokenId, hash_block, hash_full_blocks};
-pub use manager::{KvCacheManager, RequestId};
+pub use manager::{CachedPrefix, KvCacheManager, RequestId};
 pub use prefix_pool::PrefixCachingPool;

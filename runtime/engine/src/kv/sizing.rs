@@ -4,7 +4,10 @@
 //!
 //! The arithmetic (docs/capacity.md):
 //! - KV bytes per token = 2 (K and V) × layers × KV heads × head dim × bytes per element
-//!   (`--kv-cache-dtype`); bytes per block = that × `--block-size`.
+//!   (`--kv-cache-dtype`); bytes per block = that × `--block-size`. With KV-cache groups
+//!   ([`KvGroups`]: Gemma 3's sliding-window layers) a block holds one group's layers (the groups'
+//!   width), and a request holds a block per group and `--block-size` tokens — but a window group only
+//!   its window's ([`KvGroups::blocks_for`]): the blocks a request of `n` tokens needs come from there.
 //! - From a memory limit: pool bytes = limit − weights (bytes as stored) − workspace (the step's
 //!   activation and logits buffers at `--max-num-batched-tokens`, see
 //!   [`crate::model::workspace_bytes`]) − headroom ([`headroom`]: the process itself, tokenizer, HTTP,
@@ -27,6 +30,7 @@
 //! subtract weights and activations, give the rest to the KV cache) and from `--kv-cache-memory-bytes`,
 //! and refuses to start when the pool is shorter than `max_model_len`.
 
+use super::KvGroups;
 use crate::error::{EngineError, Result};
 use std::fmt;
 
@@ -53,10 +57,23 @@ pub fn default_pool_tokens(max_num_seqs: usize, max_model_len: usize) -> usize {
     (max_num_seqs.max(1) * max_model_len.min(2048)).max(max_model_len)
 }
 
-/// The shape of one token's KV: what the pool's bytes per token follow from.
+/// The blocks of the default pool: [`default_pool_tokens`] as `groups` hold them (a block per group
+/// and `block_size` tokens, a window group's only up to its window).
+pub fn default_pool_blocks(
+    groups: &KvGroups,
+    max_num_seqs: usize,
+    max_model_len: usize,
+    step: usize,
+    bs: usize,
+) -> usize {
+    let each = groups.blocks_for(max_model_len.min(2048), step, bs);
+    (max_num_seqs.max(1) * each).max(groups.blocks_for(max_model_len, step, bs))
+}
+
+/// The shape of one token's KV in one block: what the pool's bytes per block follow from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvShape {
-    /// Decoder layers.
+    /// Layers a block holds: every decoder layer, or the KV-cache groups' width.
     pub num_layers: usize,
     /// Key/value heads per layer.
     pub num_kv_heads: usize,
@@ -104,10 +121,15 @@ pub struct Footprint {
 }
 
 /// Everything the pool size depends on besides its source.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct PoolInputs {
-    /// Per-token KV shape.
+    /// Per-token KV shape of a block.
     pub shape: KvShape,
+    /// How the layers share blocks (one group of every layer for most models).
+    pub groups: KvGroups,
+    /// The most tokens one step computes (`--max-num-batched-tokens`): a window group holds its
+    /// window and a step's tokens.
+    pub step: usize,
     /// Tokens per block.
     pub block_size: usize,
     /// Weights and workspace.
@@ -125,6 +147,9 @@ pub struct PoolInputs {
 pub struct PoolPlan {
     /// KV blocks.
     pub blocks: usize,
+    /// The longest request the blocks hold alone ([`KvGroups::tokens_fitting`]): `blocks ×
+    /// block_size` unless window groups give blocks back.
+    pub tokens: usize,
     /// Tokens per block.
     pub block_size: usize,
     /// Bytes of one block (K and V, all layers).
@@ -168,7 +193,7 @@ pub enum Derivation {
 impl PoolPlan {
     /// Tokens the pool holds.
     pub fn tokens(&self) -> usize {
-        self.blocks * self.block_size
+        self.tokens
     }
 
     /// Bytes of KV storage the pool allocates.
@@ -240,7 +265,9 @@ impl fmt::Display for PoolPlan {
 /// must hold one request of `max_model_len` tokens.
 pub fn plan_pool(source: &PoolSource, inputs: &PoolInputs) -> Result<PoolPlan> {
     let out = derive_pool(source, inputs);
-    let needed = inputs.max_model_len.div_ceil(out.block_size);
+    let needed = inputs
+        .groups
+        .blocks_for(inputs.max_model_len, inputs.step, out.block_size);
     let sized_from_memory = matches!(source, PoolSource::KvBytes(_) | PoolSource::MemoryLimit { .. });
     if sized_from_memory && out.blocks < needed {
         let field = match source {
@@ -268,6 +295,10 @@ pub fn derive_pool(source: &PoolSource, inputs: &PoolInputs) -> PoolPlan {
     let draft_bytes_per_block = inputs.draft_bytes_per_token * bs as u64;
     let plan = |blocks: usize, derivation| PoolPlan {
         blocks,
+        tokens: inputs
+            .groups
+            .tokens_fitting(blocks, inputs.step, bs)
+            .min(blocks * bs),
         block_size: bs,
         bytes_per_block,
         draft_bytes_per_block,
@@ -278,7 +309,9 @@ pub fn derive_pool(source: &PoolSource, inputs: &PoolInputs) -> PoolPlan {
         PoolSource::Blocks(n) => plan(*n, Derivation::Blocks),
         PoolSource::Default => {
             let tokens = default_pool_tokens(inputs.max_num_seqs, inputs.max_model_len);
-            plan(tokens.div_ceil(bs), Derivation::Default { tokens })
+            let (seqs, len) = (inputs.max_num_seqs, inputs.max_model_len);
+            let blocks = default_pool_blocks(&inputs.groups, seqs, len, inputs.step, bs);
+            plan(blocks, Derivation::Default { tokens })
         }
         PoolSource::KvBytes(bytes) => plan(by_bytes(*bytes), Derivation::KvBytes { bytes: *bytes }),
         PoolSource::MemoryLimit { bytes, origin } => {
@@ -319,6 +352,8 @@ mod tests {
                 head_dim: 16,
                 elem_bytes: 4,
             },
+            groups: KvGroups::uniform(2),
+            step: 512,
             block_size: 16,
             footprint,
             max_model_len,

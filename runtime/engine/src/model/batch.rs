@@ -1,9 +1,9 @@
 //! The plain data crossing the scheduler → model boundary for one step: a ragged batch of sequences,
-//! each contributing one or more new tokens (a prefill chunk or a decode step) with its block table,
+//! each contributing one or more new tokens (a prefill chunk or a decode step) with its block tables,
 //! and the logits that come back.
 //!
 //! Invariants: a sequence's new tokens sit at positions `start_pos..start_pos + tokens.len()`, and its
-//! block table covers all of them; logits come back only for the rows each sequence asked for, in batch
+//! block tables cover all of them; logits come back only for the rows each sequence asked for, in batch
 //! order, so the LM head (the largest matmul for small models) runs on as few rows as possible.
 
 use std::ops::Range;
@@ -26,8 +26,10 @@ pub struct SeqInput<'a> {
     pub tokens: &'a [u32],
     /// Tokens of this sequence already in the KV cache (vLLM's `num_computed_tokens`).
     pub start_pos: usize,
-    /// Block ids covering positions `0..start_pos + tokens.len()`.
-    pub block_table: &'a [u32],
+    /// Per KV-cache group ([`crate::kv::KvGroups`]), the block ids covering positions
+    /// `0..start_pos + tokens.len()` (in a window group, those no new token sees may be
+    /// [`crate::kv::NULL_BLOCK`]).
+    pub block_tables: &'a [Vec<u32>],
     /// Which rows need logits.
     pub logits: LogitsRows,
     /// The LoRA adapter applied to this sequence's rows: an index into the step's adapter list, or

@@ -334,6 +334,18 @@ impl ModelConfig {
         self.local_layers.get(l).copied().unwrap_or(false)
     }
 
+    /// Per layer, the window its KV-cache group keeps (`crate::kv::KvGroups`) when serving
+    /// `context` tokens: a local layer's `sliding_window` when it is shorter, else `None` (the whole
+    /// context).
+    pub fn layer_windows(&self, context: usize) -> Vec<Option<usize>> {
+        (0..self.num_layers)
+            .map(|l| {
+                let w = self.sliding_window.filter(|&w| self.is_local(l) && w < context);
+                w.filter(|&w| w > 0)
+            })
+            .collect()
+    }
+
     /// The factor on RoPE's cosines and sines (LongRoPE's attention factor; 1 otherwise).
     pub fn rope_scale(&self) -> f32 {
         self.long_rope.as_ref().map_or(1.0, |l| l.attention_factor)

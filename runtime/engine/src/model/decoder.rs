@@ -24,7 +24,7 @@ use super::lora::{LoraPlan, LoraWeights};
 use super::moe::{MoeBufs, MoeFfn};
 use super::scratch::{Scratch, Slot};
 use crate::error::{EngineError, Result};
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvGroups, NULL_BLOCK, first_visible_block};
 use crate::lora::Target;
 use modelfleet_kernels::{AttnHeads, AttnSeq, Kernels, KvDType, KvLayout, Rope};
 use std::sync::Mutex;
@@ -77,6 +77,8 @@ pub struct Decoder<K: Kernels> {
     pub(super) lm_head: Option<K::Weight>,
     pub(super) inv_freq: Vec<f32>,
     pub(super) inv_freq_local: Vec<f32>,
+    /// How the layers share the KV cache's blocks.
+    pub(super) kv_groups: KvGroups,
     /// Activation buffers reused from step to step.
     pub(super) scratch: Mutex<Scratch<K>>,
 }
@@ -174,7 +176,8 @@ struct Step<'a, 'b, K: Kernels> {
     k: &'a K,
     rows: usize,
     plan: &'a Plan,
-    seqs: &'a [AttnSeq<'b>],
+    /// Per KV-cache group, the sequences as attention sees them.
+    seqs: &'a [Vec<AttnSeq<'b>>],
     lora: LoraPlan<'a, K>,
 }
 
@@ -191,6 +194,11 @@ impl<K: Kernels> Decoder<K> {
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The model's KV-cache groups: a block table each per sequence ([`SeqInput::block_tables`]).
+    pub fn kv_groups(&self) -> &KvGroups {
+        &self.kv_groups
     }
 
     /// KV-cache storage for this model: `num_blocks` blocks of `block_size` tokens, f32 elements.
@@ -213,7 +221,7 @@ impl<K: Kernels> Decoder<K> {
             head_dim: self.config.head_dim,
             dtype,
         };
-        KvCache::new(kernels, self.config.num_layers, layout)
+        KvCache::new(kernels, self.kv_groups.width(), layout)
     }
 
     /// Runs one step over `batch`, writing the new tokens' K/V into `cache` and returning the logits
@@ -250,7 +258,10 @@ impl<K: Kernels> Decoder<K> {
     /// Flattens and validates the batch (vLLM's `input_ids`, `positions`, `slot_mapping`).
     fn plan(&self, batch: &[SeqInput<'_>], num_adapters: usize, layout: &KvLayout) -> Result<Plan> {
         let c = &self.config;
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            slots: vec![Vec::new(); self.kv_groups.len()],
+            ..Plan::default()
+        };
         for (i, s) in batch.iter().enumerate() {
             if let Some(a) = s.adapter.filter(|&a| a >= num_adapters) {
                 return Err(EngineError::Batch(format!(
@@ -267,16 +278,7 @@ impl<K: Kernels> Decoder<K> {
                     c.max_position_embeddings
                 )));
             }
-            if s.block_table.len() * layout.block_size < end {
-                return Err(EngineError::Batch(format!(
-                    "sequence {i}: block table covers fewer than {end} tokens"
-                )));
-            }
-            if let Some(b) = s.block_table.iter().find(|&&b| b as usize >= layout.num_blocks) {
-                return Err(EngineError::Batch(format!(
-                    "sequence {i}: block {b} outside the KV cache"
-                )));
-            }
+            self.check_tables(i, s, layout)?;
             if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
                 return Err(EngineError::Batch(format!(
                     "sequence {i}: token {t} outside the vocabulary"
@@ -286,7 +288,9 @@ impl<K: Kernels> Decoder<K> {
             for (j, &t) in s.tokens.iter().enumerate() {
                 plan.ids.push(t);
                 plan.positions.push((s.start_pos + j) as u32);
-                plan.slots.push(layout.slot_id(s.block_table, s.start_pos + j));
+                for (g, table) in s.block_tables.iter().enumerate() {
+                    plan.slots[g].push(layout.slot_id(table, s.start_pos + j));
+                }
                 plan.row_adapter.push(s.adapter);
             }
             let n_out = plan.logit_rows.len();
@@ -302,6 +306,44 @@ impl<K: Kernels> Decoder<K> {
 }
 
 impl<K: Kernels> Decoder<K> {
+    /// Sequence `i`'s block tables: one per group, each covering its new tokens, with a real block
+    /// wherever a new token's query looks (a window group's older entries may be [`NULL_BLOCK`]).
+    fn check_tables(&self, i: usize, s: &SeqInput<'_>, layout: &KvLayout) -> Result<()> {
+        let groups = self.kv_groups.len();
+        if s.block_tables.len() != groups {
+            return Err(EngineError::Batch(format!(
+                "sequence {i} has {} block tables, the model {groups} KV-cache groups",
+                s.block_tables.len()
+            )));
+        }
+        let end = s.start_pos + s.tokens.len();
+        for (g, (table, w)) in s.block_tables.iter().zip(self.kv_groups.windows()).enumerate() {
+            if table.len() * layout.block_size < end {
+                return Err(EngineError::Batch(format!(
+                    "sequence {i}: block table {g} covers fewer than {end} tokens"
+                )));
+            }
+            let seen = w.map_or(0, |w| first_visible_block(s.start_pos, w, layout.block_size));
+            let last = end.div_ceil(layout.block_size);
+            if let Some(b) = table[seen..last]
+                .iter()
+                .find(|&&b| b as usize >= layout.num_blocks)
+            {
+                let what = if *b == NULL_BLOCK {
+                    "given back".to_owned()
+                } else {
+                    format!("{b}, outside the KV cache")
+                };
+                return Err(EngineError::Batch(format!(
+                    "sequence {i}: block table {g} holds a block the step reads that is {what}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<K: Kernels> Decoder<K> {
     fn run(
         &self,
         k: &K,
@@ -313,17 +355,25 @@ impl<K: Kernels> Decoder<K> {
         let c = &self.config;
         let rows = plan.ids.len();
         let h = c.hidden_size;
-        let mut seqs = Vec::with_capacity(batch.len());
-        let mut row = 0;
-        for s in batch {
-            seqs.push(AttnSeq {
-                row_start: row,
-                num_rows: s.tokens.len(),
-                first_pos: s.start_pos,
-                block_table: s.block_table,
-            });
-            row += s.tokens.len();
-        }
+        // Per group, the batch as its layers' attention sees it.
+        let seqs: Vec<Vec<AttnSeq<'_>>> = (0..self.kv_groups.len())
+            .map(|g| {
+                let mut row = 0;
+                batch
+                    .iter()
+                    .map(|s| {
+                        let seq = AttnSeq {
+                            row_start: row,
+                            num_rows: s.tokens.len(),
+                            first_pos: s.start_pos,
+                            block_table: &s.block_tables[g],
+                        };
+                        row += s.tokens.len();
+                        seq
+                    })
+                    .collect()
+            })
+            .collect();
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let mut b = Bufs::take(&mut scratch, k, c, rows);
         let widest = h.max(c.num_heads * c.head_dim).max(c.ffn_width());
@@ -400,13 +450,14 @@ impl<K: Kernels> Decoder<K> {
         let positions = &st.plan.positions;
         k.rope(q, c.num_heads, hd, positions, rope);
         k.rope(kk, c.num_kv_heads, hd, positions, rope);
+        let (g, j) = self.kv_groups.layer(l);
         k.write_kv(
             kk,
             &b.v,
-            &st.plan.slots,
+            &st.plan.slots[g],
             &cache.layout,
-            &mut cache.k[l],
-            &mut cache.v[l],
+            &mut cache.k[j],
+            &mut cache.v[j],
         );
         let heads = AttnHeads {
             num_heads: c.num_heads,
@@ -415,8 +466,8 @@ impl<K: Kernels> Decoder<K> {
             scale: c.attn_scale,
             window: if a.local { c.sliding_window } else { None },
         };
-        let caches = (&cache.k[l], &cache.v[l]);
-        k.paged_attention(q, st.seqs, heads, &cache.layout, caches, &mut b.attn);
+        let caches = (&cache.k[j], &cache.v[j]);
+        k.paged_attention(q, &st.seqs[g], heads, &cache.layout, caches, &mut b.attn);
         k.matmul(&b.attn, rows, &a.o, a.o_bias.as_ref(), &mut b.proj);
         st.delta(l, Target::O, &b.attn, q_w, &mut b.proj, h);
     }
@@ -501,7 +552,8 @@ impl<K: Kernels> Decoder<K> {
 struct Plan {
     ids: Vec<u32>,
     positions: Vec<u32>,
-    slots: Vec<u32>,
+    /// Per KV-cache group, each row's slot.
+    slots: Vec<Vec<u32>>,
     /// Per row, its sequence's adapter index.
     row_adapter: Vec<Option<usize>>,
     /// Batch rows whose logits are returned, in order.

@@ -13,6 +13,7 @@ use super::moe::{Expert, MoeFfn};
 use super::scratch::Scratch;
 use super::weights::Weights;
 use crate::error::{EngineError, Result};
+use crate::kv::KvGroups;
 use modelfleet_kernels::{HostWeight, Kernels};
 use std::sync::Mutex;
 
@@ -232,6 +233,7 @@ impl<K: Kernels> Decoder<K> {
             layers,
             inv_freq,
             inv_freq_local,
+            kv_groups: KvGroups::new(&config.layer_windows(config.serving_context)),
             config,
             scratch: Mutex::new(Scratch::default()),
         })

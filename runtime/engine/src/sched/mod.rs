@@ -20,4 +20,4 @@ pub use request::{FIRST_TOKEN_DEADLINE, Finished, Request, RequestEvent, Timings
 pub use scheduler::{
     AdapterCount, Batch, FinishHook, SchedCounters, ScheduledSeq, Scheduler, SchedulerConfig,
 };
-pub use step_loop::{EngineHandle, RequestStream, Stats};
+pub use step_loop::{EngineHandle, KvPoolInfo, RequestStream, Stats};

@@ -31,7 +31,10 @@ use super::fair_queue::{FairQueue, QueueKey};
 use super::request::{
     EventSender, FIRST_TOKEN_DEADLINE, Finished, Request, RequestEvent, Submitted, Timings, TokenOut, Usage,
 };
-use crate::kv::{BlockHash, BlockPool, HashExtras, KvCacheManager, PrefixCachingPool, RequestId, hash_block};
+use crate::kv::{
+    BlockHash, BlockPool, CachedPrefix, HashExtras, KvCacheManager, KvGroups, PrefixCachingPool, RequestId,
+    hash_block,
+};
 use crate::lora::LoraAdapter;
 use crate::model::{Logits, LogitsRows, SeqInput};
 use crate::sequence::{DraftToken, Sequence};
@@ -246,6 +249,17 @@ impl Scheduler {
         }
     }
 
+    /// Gives the KV cache the model's groups (one block table per group per request; a window group
+    /// gives blocks back as they leave its window). Before any request: the pool starts over.
+    pub fn set_kv_groups(&mut self, groups: &KvGroups) {
+        debug_assert!(
+            self.entries.is_empty(),
+            "KV-cache groups set with requests in flight"
+        );
+        let (blocks, bs) = (self.kv.pool().num_blocks(), self.kv.block_size());
+        self.kv = KvCacheManager::with_groups(PrefixCachingPool::new(blocks), bs, groups);
+    }
+
     /// Sets the hook called for every finished request.
     pub fn set_finish_hook(&mut self, hook: Option<FinishHook>) {
         self.hook = hook;
@@ -282,9 +296,12 @@ impl Scheduler {
         let bs = self.kv.block_size();
         self.running
             .iter()
-            .map(|id| {
-                let held = self.kv.block_table(*id).len() * bs;
-                held - self.entries[id].num_computed.min(held)
+            .flat_map(|id| {
+                let computed = self.entries[id].num_computed;
+                self.kv.block_tables(*id).iter().map(move |t| {
+                    let held = t.len() * bs;
+                    held - computed.min(held)
+                })
             })
             .sum()
     }
@@ -388,7 +405,7 @@ impl Scheduler {
                 SeqInput {
                     tokens,
                     start_pos: s.start,
-                    block_table: self.kv.block_table(s.id),
+                    block_tables: self.kv.block_tables(s.id),
                     logits,
                     adapter,
                 }
@@ -552,18 +569,21 @@ impl Scheduler {
         assert_eq!(self.kv.num_tables(), self.running.len());
         let mut holders: HashMap<u32, u32> = HashMap::new();
         for (id, e) in &self.entries {
-            let table = self.kv.block_table(*id);
+            let tables = self.kv.block_tables(*id);
             assert_eq!(
                 e.phase == Phase::Running,
                 self.running.contains(id),
                 "request {id} state"
             );
             if e.phase == Phase::Running {
-                assert_eq!(table.len(), e.num_computed.div_ceil(bs), "request {id}'s table");
+                assert_eq!(tables.len(), self.kv.groups().len(), "request {id}'s tables");
+                for t in tables {
+                    assert_eq!(t.len(), e.num_computed.div_ceil(bs), "request {id}'s table");
+                }
             } else {
-                assert!(table.is_empty(), "waiting request {id} holds blocks");
+                assert!(tables.is_empty(), "waiting request {id} holds blocks");
             }
-            for b in table {
+            for b in tables.iter().flatten().filter(|&&b| b != crate::kv::NULL_BLOCK) {
                 *holders.entry(*b).or_default() += 1;
             }
         }
@@ -573,16 +593,18 @@ impl Scheduler {
             "blocks in use vs blocks in tables"
         );
         // Scope isolation: a block in a request's table that carries a hash carries this request's
-        // own hash for that position — whose chain includes its scope, adapter and salt.
+        // own hash for that position and group — whose chain includes its scope, adapter and salt.
         for id in &self.running {
             let e = &self.entries[id];
-            for (i, b) in self.kv.block_table(*id).iter().enumerate() {
-                if let Some(h) = pool.block_hash(*b) {
-                    assert_eq!(
-                        Some(&h),
-                        e.hashes.get(i),
-                        "request {id} block {i} is another chain's"
-                    );
+            for (g, t) in self.kv.block_tables(*id).iter().enumerate() {
+                for (i, b) in t.iter().enumerate().filter(|(_, b)| **b != crate::kv::NULL_BLOCK) {
+                    if let Some(h) = pool.block_hash(*b) {
+                        assert_eq!(
+                            Some(h),
+                            e.hashes.get(i).map(|h| h.for_group(g)),
+                            "request {id} block {i} of group {g} is another chain's"
+                        );
+                    }
                 }
             }
         }

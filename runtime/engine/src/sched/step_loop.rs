@@ -150,6 +150,15 @@ impl Drop for RequestStream {
     }
 }
 
+/// The KV pool a loaded engine allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvPoolInfo {
+    /// Blocks.
+    pub blocks: usize,
+    /// Bytes of storage (every group's buffers).
+    pub bytes: u64,
+}
+
 /// The callers' side of a running engine.
 pub struct EngineHandle {
     tx: Mutex<Sender<Command>>,
@@ -159,6 +168,7 @@ pub struct EngineHandle {
     model_dir: Arc<ModelDir>,
     max_model_len: usize,
     kv_capacity_tokens: usize,
+    kv_pool: KvPoolInfo,
     thread: Mutex<Option<JoinHandle<()>>>,
     failure: Failure,
 }
@@ -210,8 +220,13 @@ impl EngineHandle {
                     let _ = ready_tx.send(Err(e));
                     return;
                 }
-                let capacity = engine.num_kv_blocks() * engine.block_size();
-                let _ = ready_tx.send(Ok((engine.model_dir.clone(), engine.max_model_len(), capacity)));
+                let capacity = engine.kv_capacity_tokens(cfg.max_num_batched_tokens);
+                let pool = KvPoolInfo {
+                    blocks: engine.num_kv_blocks(),
+                    bytes: engine.kv_cache_bytes() as u64,
+                };
+                let loaded = (engine.model_dir.clone(), engine.max_model_len(), capacity, pool);
+                let _ = ready_tx.send(Ok(loaded));
                 let gate = g.clone();
                 let run = AssertUnwindSafe(|| run(engine, cfg, g, st, rx, hook, &failed_tx));
                 if let Err(panic) = catch_unwind(run) {
@@ -221,7 +236,7 @@ impl EngineHandle {
                 }
             })
             .map_err(|e| EngineError::Batch(format!("cannot start the step loop thread: {e}")))?;
-        let (model_dir, max_model_len, kv_capacity_tokens) = ready_rx
+        let (model_dir, max_model_len, kv_capacity_tokens, kv_pool) = ready_rx
             .recv()
             .map_err(|_| EngineError::Batch("the step loop thread died while loading".into()))??;
         Ok(Self {
@@ -232,6 +247,7 @@ impl EngineHandle {
             model_dir,
             max_model_len,
             kv_capacity_tokens,
+            kv_pool,
             thread: Mutex::new(Some(thread)),
             failure,
         })
@@ -349,6 +365,11 @@ impl EngineHandle {
         self.kv_capacity_tokens
     }
 
+    /// The KV pool's blocks and bytes, as allocated.
+    pub fn kv_pool(&self) -> KvPoolInfo {
+        self.kv_pool
+    }
+
     /// Refuses new requests, cancels every live one, and waits for the loop to exit.
     pub fn shutdown(&self) {
         {
@@ -400,9 +421,10 @@ fn run<K: Kernels>(
         md.eos_token_ids.clone(),
         gate.clone(),
     );
+    sched.set_kv_groups(engine.kv_groups());
     sched.set_finish_hook(hook);
-    if let Some(blocks) = engine.draft_num_kv_blocks() {
-        sched.attach_draft_kv(blocks);
+    if let (Some(blocks), Some(groups)) = (engine.draft_num_kv_blocks(), engine.draft_kv_groups()) {
+        sched.attach_draft_kv(blocks, groups);
     }
     let mut local = Stats::default();
     let mut idle = false;

@@ -14,7 +14,7 @@
 //! when blocks run out, the draft caches of sequences not drafting in this round are dropped first
 //! (they catch up again later), so the round's first sequence always gets its blocks.
 
-use crate::kv::{BlockPool, FreeListPool, KvCacheManager, RequestId};
+use crate::kv::{BlockPool, FreeListPool, KvCacheManager, KvGroups, RequestId};
 use crate::model::{Logits, LogitsRows, SeqInput};
 use crate::sequence::DraftToken;
 use std::collections::{HashMap, HashSet};
@@ -67,8 +67,13 @@ pub struct DraftRound {
 impl DraftKv {
     /// Tables over `num_blocks` blocks of `block_size` tokens (the engine's draft storage).
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Self::with_groups(num_blocks, block_size, &KvGroups::uniform(1))
+    }
+
+    /// [`Self::new`] for a draft model with KV-cache `groups`.
+    pub fn with_groups(num_blocks: usize, block_size: usize, groups: &KvGroups) -> Self {
         Self {
-            kv: KvCacheManager::new(FreeListPool::new(num_blocks), block_size),
+            kv: KvCacheManager::with_groups(FreeListPool::new(num_blocks), block_size, groups),
             computed: HashMap::new(),
             written: HashMap::new(),
         }
@@ -127,7 +132,7 @@ impl DraftKv {
                 SeqInput {
                     tokens,
                     start_pos,
-                    block_table: self.kv.block_table(j.id),
+                    block_tables: self.kv.block_tables(j.id),
                     logits: LogitsRows::Last,
                     adapter: None,
                 }
@@ -188,9 +193,14 @@ impl DraftKv {
         len.saturating_sub(1).saturating_sub(start)
     }
 
-    /// `id`'s draft block table (empty if it has none).
+    /// `id`'s draft block table of group 0 (empty if it has none).
     pub fn block_table(&self, id: RequestId) -> &[crate::kv::BlockId] {
         self.kv.block_table(id)
+    }
+
+    /// `id`'s draft block tables, one per group.
+    pub fn block_tables(&self, id: RequestId) -> &[Vec<crate::kv::BlockId>] {
+        self.kv.block_tables(id)
     }
 
     /// Blocks held by draft caches.
@@ -257,7 +267,10 @@ mod tests {
         let inp = d.inputs(&round);
         assert_eq!((inp[0].tokens, inp[0].start_pos), (&a[..], 0));
         assert_eq!((inp[1].tokens, inp[1].start_pos), (&b[..], 0));
-        assert_eq!((inp[0].block_table.len(), inp[1].block_table.len()), (2, 1));
+        assert_eq!(
+            (inp[0].block_tables[0].len(), inp[1].block_tables[0].len()),
+            (2, 1)
+        );
         assert!(d.absorb(&mut round, &logits(2, 16, |r| 10 + r), argmax));
         // Pass 1: only a, feeding its first draft at position 6.
         let inp = d.inputs(&round);

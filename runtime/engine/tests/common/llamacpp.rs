@@ -84,14 +84,15 @@ pub fn engine_logits(md: &ModelDir, tokens: &[u32]) -> Vec<Vec<f32>> {
     let mut config = md.config.clone();
     config.serving_context = tokens.len();
     let model = Decoder::load(&kernels, config, &md.weights).unwrap();
-    let blocks = tokens.len().div_ceil(16) + 1;
-    let mut kv = KvCacheManager::new(FreeListPool::new(blocks), 16);
+    let groups = model.kv_groups().clone();
+    let blocks = (tokens.len().div_ceil(16) + 1) * groups.len();
+    let mut kv = KvCacheManager::with_groups(FreeListPool::new(blocks), 16, &groups);
     let mut cache = model.new_kv_cache(&kernels, blocks, 16);
     let table = kv.allocate_slots(0, 0, tokens.len()).unwrap().to_vec();
     let seq = SeqInput {
         tokens,
         start_pos: 0,
-        block_table: &table,
+        block_tables: &table,
         logits: LogitsRows::All,
         adapter: None,
     };

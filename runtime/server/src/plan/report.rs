@@ -10,10 +10,12 @@
 //! The arithmetic (docs/capacity.md): weights ≈ parameters × bytes per element; KV bytes per token =
 //! 2 × layers × KV heads × head dim × bytes per element; FLOPs per token ≈ 2 × the parameters a token
 //! multiplies (every projection and the LM head; the embedding is a lookup) + 4 × layers × L × heads ×
-//! head dim for attention at context position L (QKᵀ and AV, one multiply-add each per key).
+//! head dim for attention at context position L (QKᵀ and AV, one multiply-add each per key; a
+//! sliding-window layer's L is at most its window). With KV-cache groups (sliding-window layers) KV
+//! bytes per token are a request's blocks at the longest context over its tokens.
 
 use crate::serve::memory::{PoolSettings, inputs_for};
-use modelfleet_engine::kv::sizing::{Derivation, PoolSource, derive_pool};
+use modelfleet_engine::kv::sizing::{Derivation, PoolInputs, PoolSource, derive_pool};
 use modelfleet_engine::model::ModelConfig;
 use serde::Serialize;
 
@@ -118,8 +120,16 @@ pub struct Report {
     pub kv_cache_dtype: String,
     /// The context the figures are for.
     pub max_model_len: usize,
-    /// K and V of one token over all layers.
+    /// K and V of one token over all layers, at `max_model_len` (a sliding-window layer's share
+    /// spread over the whole context).
     pub kv_bytes_per_token: u64,
+    /// K and V of one token over all layers as a full-attention allocation holds them (what
+    /// `kv_bytes_per_token` is without KV-cache groups).
+    pub kv_bytes_per_token_full_attention: u64,
+    /// The KV-cache groups, when the model has sliding-window layers (`None`: every layer holds the
+    /// whole context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_groups: Option<String>,
     /// One request of `max_model_len` tokens.
     pub kv_bytes_per_request: u64,
     /// Requests at once.
@@ -128,6 +138,8 @@ pub struct Report {
     pub kv_bytes_for_concurrency: u64,
     /// Tokens per block.
     pub block_size: usize,
+    /// Bytes of one block (K and V of the layers a block holds).
+    pub kv_bytes_per_block: u64,
     /// Per-token forward FLOPs.
     pub flops_per_token: Flops,
     /// The step buffers at `--max-num-batched-tokens`.
@@ -155,6 +167,44 @@ pub struct Input<'a> {
     pub memory: Option<u64>,
 }
 
+/// The KV figures of one request of `max_model_len` tokens.
+struct KvFigures {
+    /// Its bytes over its tokens.
+    per_token: u64,
+    /// Its bytes while it decodes.
+    per_request: u64,
+    /// Every layer's K and V for one token, as a full-attention allocation holds them.
+    full_per_token: u64,
+    /// Blocks it holds while it decodes, and at most (in a prefill step).
+    steady_blocks: usize,
+    peak_blocks: usize,
+    /// Whether the model has sliding-window KV-cache groups.
+    grouped: bool,
+}
+
+impl KvFigures {
+    fn of(c: &ModelConfig, p: &PoolInputs, elem_bytes: usize) -> Self {
+        let (len, groups, bs) = (p.max_model_len, &p.groups, p.block_size.max(1));
+        let full_per_token = 2 * (c.num_layers * c.num_kv_heads * c.head_dim * elem_bytes) as u64;
+        let (steady_blocks, peak_blocks) =
+            (groups.blocks_for(len, 1, bs), groups.blocks_for(len, p.step, bs));
+        let grouped = groups.len() > 1 || groups.windows().iter().any(Option::is_some);
+        let per_request = if grouped {
+            steady_blocks as u64 * p.shape.bytes_per_token() * bs as u64
+        } else {
+            full_per_token * len as u64
+        };
+        Self {
+            per_token: per_request / len.max(1) as u64,
+            per_request,
+            full_per_token,
+            steady_blocks,
+            peak_blocks,
+            grouped,
+        }
+    }
+}
+
 /// Computes the report.
 pub fn compute(input: &Input<'_>) -> Report {
     let c = input.config;
@@ -163,8 +213,16 @@ pub fn compute(input: &Input<'_>) -> Report {
     let weight_bytes = weights.iter().map(|w| w.bytes).sum();
     let pool_inputs = inputs_for(c, weight_bytes, &input.settings);
     let len = pool_inputs.max_model_len;
-    let per_token = pool_inputs.shape.bytes_per_token();
-    let attention = 4 * (c.num_layers * len * c.num_heads * c.head_dim) as u64;
+    let kv = KvFigures::of(c, &pool_inputs, input.settings.kv_elem_bytes);
+    let (per_token, per_request, full_per_token) = (kv.per_token, kv.per_request, kv.full_per_token);
+    let (steady, peak) = (kv.steady_blocks, kv.peak_blocks);
+    // A sliding-window layer's query at position `len` scores its window's keys only.
+    let attended: usize = c
+        .layer_windows(len)
+        .iter()
+        .map(|w| w.map_or(len, |w| w.min(len)))
+        .sum();
+    let attention = 4 * (attended * c.num_heads * c.head_dim) as u64;
     let memory = input.memory.map(|bytes| {
         let pool = derive_pool(
             &PoolSource::MemoryLimit {
@@ -173,8 +231,8 @@ pub fn compute(input: &Input<'_>) -> Report {
             },
             &pool_inputs,
         );
-        let per_request = len.div_ceil(pool.block_size).max(1);
-        let requests = pool.blocks / per_request;
+        // One request may be in a prefill step, holding its window groups' step blocks beside its window.
+        let requests = pool.blocks.saturating_sub(peak - steady) / steady.max(1);
         let (headroom_bytes, kv_pool_bytes) = match &pool.derivation {
             Derivation::MemoryLimit {
                 headroom, pool_bytes, ..
@@ -200,10 +258,13 @@ pub fn compute(input: &Input<'_>) -> Report {
         kv_cache_dtype: input.kv_cache_dtype.into(),
         max_model_len: len,
         kv_bytes_per_token: per_token,
-        kv_bytes_per_request: per_token * len as u64,
+        kv_bytes_per_token_full_attention: full_per_token,
+        kv_groups: kv.grouped.then(|| describe_groups(&pool_inputs.groups)),
+        kv_bytes_per_request: per_request,
         concurrency: input.concurrency,
-        kv_bytes_for_concurrency: per_token * len as u64 * input.concurrency as u64,
+        kv_bytes_for_concurrency: per_request * input.concurrency as u64,
         block_size: pool_inputs.block_size,
+        kv_bytes_per_block: pool_inputs.shape.bytes_per_token() * pool_inputs.block_size.max(1) as u64,
         flops_per_token: Flops {
             matmul: 2 * params.matmul,
             attention_at_max_len: attention,
@@ -228,6 +289,23 @@ pub fn human_bytes(b: u64) -> String {
     } else {
         format!("{v:.1} {}", units[u])
     }
+}
+
+/// `1 full-attention group, 5 sliding-window groups (512 tokens), 3 layers per block`.
+fn describe_groups(g: &modelfleet_engine::kv::KvGroups) -> String {
+    let full = g.windows().iter().filter(|w| w.is_none()).count();
+    let mut windows: Vec<usize> = g.windows().iter().flatten().copied().collect();
+    windows.dedup();
+    let plural = |n: usize, what: &str| format!("{n} {what} group{}", if n == 1 { "" } else { "s" });
+    let windowed = g.len() - full;
+    let w: Vec<String> = windows.iter().map(|w| format!("{w} tokens")).collect();
+    format!(
+        "{}, {} ({}), {} layers per block",
+        plural(full, "full-attention"),
+        plural(windowed, "sliding-window"),
+        w.join(", "),
+        g.width()
+    )
 }
 
 /// `1.41 G`, `270 M`.
@@ -289,6 +367,18 @@ impl Report {
             ),
             format!("step workspace:        {}", b(self.workspace_bytes)),
         ];
+        if let Some(g) = &self.kv_groups {
+            let full = self.kv_bytes_per_token_full_attention;
+            let ratio = full as f64 / self.kv_bytes_per_token.max(1) as f64;
+            out.insert(
+                4,
+                format!(
+                    "KV groups:             {g}: at {} tokens {ratio:.2}x fewer bytes than full attention on every layer ({})",
+                    self.max_model_len,
+                    b(full)
+                ),
+            );
+        }
         if let Some(m) = &self.memory {
             out.push(format!(
                 "memory {}: - weights - workspace - headroom {} = KV pool {} = {} blocks of {} tokens ({} tokens)",

@@ -14,6 +14,7 @@
 
 use modelfleet_engine::ModelDir;
 use modelfleet_engine::kernels::QuantKind;
+use modelfleet_engine::kv::KvGroups;
 use modelfleet_engine::kv::sizing::{self, Footprint, KvShape, PoolInputs, PoolPlan, PoolSource};
 use std::path::{Path, PathBuf};
 
@@ -147,13 +148,16 @@ pub fn inputs_for(c: &modelfleet_engine::model::ModelConfig, weights: u64, s: &P
         .max_model_len
         .unwrap_or(c.max_position_embeddings)
         .min(c.max_position_embeddings);
+    let groups = KvGroups::new(&c.layer_windows(context));
     PoolInputs {
         shape: KvShape {
-            num_layers: c.num_layers,
+            num_layers: groups.width(),
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             elem_bytes: s.kv_elem_bytes,
         },
+        groups,
+        step: s.max_num_batched_tokens,
         block_size: s.block_size,
         footprint: Footprint {
             weights,

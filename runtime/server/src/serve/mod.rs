@@ -209,16 +209,13 @@ fn init_vllm_metrics(
     engine: &EngineHandle,
     args: &ServeArgs,
 ) {
-    let c = &engine.model_dir().config;
-    let elem = args.kv_cache_dtype.kv_dtype().bytes();
-    let tokens = engine.kv_capacity_tokens();
-    let bytes_per_token = 2 * (c.num_layers * c.num_kv_heads * c.head_dim * elem) as u64;
+    let pool = engine.kv_pool();
     let cache = crate::metrics::vllm::CacheConfigInfo {
         block_size: args.block_size,
-        num_gpu_blocks: tokens / args.block_size.max(1),
+        num_gpu_blocks: pool.blocks,
         cache_dtype: args.kv_cache_dtype.name().into(),
         enable_prefix_caching: !args.no_enable_prefix_caching,
-        kv_cache_memory_bytes: tokens as u64 * bytes_per_token,
+        kv_cache_memory_bytes: pool.bytes,
     };
     metrics.init_vllm(name, engine.max_model_len(), &cache);
 }

@@ -32,7 +32,7 @@ impl Scheduler {
         let most = prompt_len
             .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
             .min(self.max_model_len);
-        let capacity = self.kv.pool().num_blocks() * self.kv.block_size();
+        let capacity = self.kv.capacity_tokens(self.cfg.max_num_batched_tokens);
         let seq = Sequence::new(&prompt, params, &self.eos, self.max_model_len);
         self.next_seq += 1;
         let key = QueueKey {
@@ -213,16 +213,13 @@ impl Scheduler {
                 continue;
             }
             let total = e.tokens.len();
-            let mut prefix = Vec::new();
+            let mut prefix = CachedPrefix::default();
             if caching {
                 e.extend_hashes(bs);
-                prefix = self.kv.cached_prefix(&e.hashes);
                 // At least the last token is computed again: its logits give the next token.
-                while prefix.len() * bs >= total {
-                    prefix.pop();
-                }
+                prefix = self.kv.cached_prefix(&e.hashes, (total - 1) / bs);
             }
-            let computed = prefix.len() * bs;
+            let computed = prefix.tokens(bs);
             let n = (total - computed).min(*budget);
             if self.kv.allocate_with_prefix(id, &prefix, n).is_err() {
                 skip.push(tenant);

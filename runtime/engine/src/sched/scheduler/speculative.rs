@@ -38,9 +38,10 @@ pub(super) struct SpecWant {
 
 impl Scheduler {
     /// Gives the scheduler the draft model's block tables (`num_blocks` blocks of the engine's
-    /// draft storage); needed when speculating with a draft model.
-    pub fn attach_draft_kv(&mut self, num_blocks: usize) {
-        self.draft_kv = Some(DraftKv::new(num_blocks, self.kv.block_size()));
+    /// draft storage, shared by the draft model's KV-cache `groups`); needed when speculating with a
+    /// draft model.
+    pub fn attach_draft_kv(&mut self, num_blocks: usize, groups: &KvGroups) {
+        self.draft_kv = Some(DraftKv::with_groups(num_blocks, self.kv.block_size(), groups));
     }
 
     /// Records a model step's scored positions and seconds (the cost model speculation decides by);

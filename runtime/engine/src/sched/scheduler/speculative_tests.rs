@@ -74,7 +74,7 @@ fn fake(spec: Option<SpecConfig>, blocks: usize, bs: usize, budget: usize) -> Fa
     };
     let mut s = Scheduler::new(cfg, blocks, bs, 4096, vec![EOS], gate.clone());
     if spec.is_some_and(|c| c.method == crate::speculative::SpecMethod::DraftModel) {
-        s.attach_draft_kv(blocks + 8);
+        s.attach_draft_kv(blocks + 8, &KvGroups::uniform(1));
     }
     Fake {
         s,
@@ -168,7 +168,7 @@ impl Fake {
                     // Positions before the pass that hold committed tokens must read them back.
                     let truth = &self.s.entries[&id].tokens;
                     let committed = inp.start_pos.min(truth.len());
-                    let (store, table) = (&mut self.draft_kv, inp.block_table);
+                    let (store, table) = (&mut self.draft_kv, &inp.block_tables[0][..]);
                     Self::write(
                         store,
                         table,
@@ -199,7 +199,7 @@ impl Fake {
             let truth = &self.s.entries[&seq.id].tokens;
             Self::write(
                 &mut self.kv,
-                inp.block_table,
+                &inp.block_tables[0],
                 bs,
                 (seq.start, inp.tokens),
                 (seq.start, truth),
@@ -232,7 +232,7 @@ impl Fake {
             .s
             .entries
             .keys()
-            .find(|id| d.block_table(**id) == inp.block_table)
+            .find(|id| d.block_table(**id) == &inp.block_tables[0][..])
             .expect("a draft input belongs to a live request")
     }
 

@@ -3,6 +3,7 @@
 //! requests end by `max_tokens` unless a test says otherwise.
 
 use super::*;
+use crate::kv::BlockId;
 use crate::sampling::SamplingParams;
 use crate::sched::admission::{QueueLimits, TenantLimits};
 use crate::sched::request::{EventReceiver, RequestEvent};
@@ -24,6 +25,9 @@ struct Harness {
     /// Generated tokens per tenant, over all steps.
     generated: HashMap<String, usize>,
     tenant_of: HashMap<RequestId, String>,
+    /// With `Some`, what each KV slot holds — `(block, slot)` → token — checked on every step: every
+    /// position a new row sees reads back its own token, in every group's table.
+    slots: Option<HashMap<(BlockId, usize), u32>>,
 }
 
 fn harness(max_num_seqs: usize, max_num_batched_tokens: usize, blocks: usize, bs: usize) -> Harness {
@@ -46,6 +50,7 @@ fn harness(max_num_seqs: usize, max_num_batched_tokens: usize, blocks: usize, bs
         next_id: 0,
         generated: HashMap::new(),
         tenant_of: HashMap::new(),
+        slots: None,
     }
 }
 
@@ -146,11 +151,49 @@ impl Harness {
         }
         // The inputs must be buildable: every table covers its grant.
         for (inp, seq) in self.s.inputs(&batch).0.iter().zip(&batch.seqs) {
-            assert!(inp.block_table.len() * self.s.kv.block_size() >= seq.start + seq.len);
+            for t in inp.block_tables {
+                assert!(t.len() * self.s.kv.block_size() >= seq.start + seq.len);
+            }
         }
+        self.check_slots(&batch);
         self.s.update(&batch, &logits, &self.tok);
         self.s.check_invariants();
         batch
+    }
+
+    /// With `slots`: each new row's visible positions (its window in a window group) read back the
+    /// request's own tokens, then the new rows are written.
+    fn check_slots(&mut self, batch: &Batch) {
+        let Some(store) = self.slots.as_mut() else {
+            return;
+        };
+        let bs = self.s.kv.block_size();
+        let windows = self.s.kv.groups().windows().to_vec();
+        let (inputs, _) = self.s.inputs(batch);
+        for (inp, seq) in inputs.iter().zip(&batch.seqs) {
+            let truth = &self.s.entries[&seq.id].tokens;
+            for (g, (table, w)) in inp.block_tables.iter().zip(&windows).enumerate() {
+                let lo = w.map_or(0, |w| (seq.start + 1).saturating_sub(w));
+                for (p, want) in truth.iter().enumerate().take(seq.start).skip(lo) {
+                    let b = table[p / bs];
+                    assert_ne!(
+                        b,
+                        crate::kv::NULL_BLOCK,
+                        "request {} group {g} position {p} given back",
+                        seq.id
+                    );
+                    assert_eq!(
+                        store.get(&(b, p % bs)),
+                        Some(want),
+                        "request {} group {g} position {p}",
+                        seq.id
+                    );
+                }
+                for (p, &t) in inp.tokens.iter().enumerate().map(|(j, t)| (seq.start + j, t)) {
+                    store.insert((table[p / bs], p % bs), t);
+                }
+            }
+        }
     }
 
     fn events(&mut self, id: RequestId) -> Vec<RequestEvent> {
@@ -623,6 +666,60 @@ fn randomized_operations_keep_every_invariant() {
             assert_eq!(n, 1, "seed {seed}: request {id}");
             assert!(matches!(evs.last(), Some(RequestEvent::Finished(_))));
         }
+    }
+}
+
+/// Gemma-like KV-cache groups (a full-attention group and three with a window of 6 tokens): window
+/// groups give blocks back as requests move on, prefix hits need the window before them, and every
+/// position a new row sees still holds its token — under random arrivals, aborts and preemption.
+#[test]
+fn window_groups_give_blocks_back_and_keep_every_visible_position() {
+    for seed in 0..4 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut h = harness(4, 12, 60, 4);
+        h.s.set_kv_groups(&KvGroups::new(&[None, Some(6), Some(6), Some(6)]));
+        h.slots = Some(HashMap::new());
+        let systems: Vec<Vec<u32>> = (0..2).map(|i| prompt(13, 500 + i)).collect();
+        let mut live: Vec<RequestId> = Vec::new();
+        let mut peak_held = 0;
+        for _ in 0..800 {
+            match rng.random_range(0..10) {
+                0..=2 => {
+                    let mut p = systems[rng.random_range(0..2)].clone();
+                    p.extend(prompt(rng.random_range(1..20), rng.random_range(0..4)));
+                    let t = ["a", "b"][rng.random_range(0..2)];
+                    live.push(h.add(req(t, p, rng.random_range(1..40))));
+                }
+                3 if !live.is_empty() => {
+                    let id = live.swap_remove(rng.random_range(0..live.len()));
+                    h.s.abort(id, FinishReason::Cancelled, None, &h.tok);
+                    h.s.check_invariants();
+                }
+                _ => {
+                    h.step();
+                    for id in &h.s.running {
+                        // A window group holds at most (6 − 1 + 12) / 4 + 1 = 6 blocks of a request.
+                        for t in &h.s.kv.block_tables(*id)[1..] {
+                            let held = t.iter().filter(|&&b| b != crate::kv::NULL_BLOCK).count();
+                            assert!(held <= 6, "seed {seed}: request {id} holds {held} window blocks");
+                            peak_held = peak_held.max(t.len());
+                        }
+                    }
+                }
+            }
+            live.retain(|id| h.s.entries.contains_key(id));
+        }
+        while h.s.has_work() {
+            h.step();
+        }
+        assert!(
+            peak_held > 6,
+            "seed {seed}: no request outgrew its window ({peak_held} entries)"
+        );
+        assert!(h.s.counters().prefix_hit_tokens > 0, "seed {seed}: no prefix hit");
+        let p = h.s.kv.pool();
+        assert_eq!(p.num_in_use(), 0, "seed {seed}: blocks leaked");
+        assert_eq!(p.num_free_uncached() + p.num_cached(), 60);
     }
 }
 
