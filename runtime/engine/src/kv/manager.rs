@@ -117,17 +117,19 @@ impl<P: BlockPool> KvCacheManager<P> {
             .sum();
         if needed > 0 {
             let free = self.pool.num_free();
-            let mut blocks = self
-                .pool
-                .allocate(needed)
-                .ok_or(EngineError::OutOfBlocks { needed, free })?
-                .into_iter();
+            let Some(blocks) = self.pool.allocate(needed) else {
+                if t.groups.iter().all(Vec::is_empty) {
+                    self.tables.remove(&req); // a request that never held a block holds no table
+                }
+                return Err(EngineError::OutOfBlocks { needed, free });
+            };
+            let mut blocks = blocks.into_iter();
             for table in &mut t.groups {
                 let more = needed_total.saturating_sub(table.len());
                 table.extend(blocks.by_ref().take(more));
             }
         }
-        Ok(&t.groups)
+        Ok(&self.tables[&req].groups)
     }
 
     /// `req`'s tables, one per group (empty if it has none).
@@ -355,6 +357,12 @@ mod tests {
         assert_eq!(m.allocate_slots(1, 8, 1).unwrap()[0], &[0, 1, 3]);
         let err = m.allocate_slots(2, 4, 1).unwrap_err();
         assert!(matches!(err, EngineError::OutOfBlocks { needed: 1, free: 0 }));
+        assert!(m.allocate_slots(9, 0, 1).is_err());
+        assert_eq!(
+            m.num_tables(),
+            2,
+            "a request refused its first block holds no table"
+        );
         assert_eq!(m.block_table(2), &[2], "a failed allocation changes nothing");
         assert_eq!(m.usage(), 1.0);
         m.free(1);
