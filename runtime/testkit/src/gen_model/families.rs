@@ -84,6 +84,23 @@ pub(crate) fn spec(shape: Shape, tiny: ModelShape) -> ModelShape {
             },
             ..base
         },
+        Shape::Qwen3MoeBench => ModelShape {
+            architecture: "Qwen3MoeForCausalLM",
+            model_type: "qwen3_moe",
+            family: Family::Qwen3,
+            tied: false,
+            hidden: 1024,
+            layers: 8,
+            heads: 16,
+            kv_heads: 4,
+            head_dim: Some(64),
+            extra: Extra::Qwen3Moe {
+                experts: 8,
+                top_k: 2,
+                expert_ff: 1024,
+            },
+            ..base
+        },
         Shape::TinyPhi3 => {
             let rot = (64.0 * 0.75) as usize / 2;
             ModelShape {

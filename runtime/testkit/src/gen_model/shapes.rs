@@ -43,6 +43,11 @@ pub enum Shape {
     /// Tiny Qwen3-MoE: 8 experts, top-2 with renormalised weights, q/k norms, untied.
     #[value(name = "tiny-qwen3moe")]
     TinyQwen3Moe,
+    /// A Qwen3-MoE to benchmark decode with (bench/families.sh): hidden 1024, 8 layers, 16/4 heads of 64,
+    /// 8 experts of 1024, top-2 (201 M expert parameters, 50 M of them active per token), the tiny
+    /// vocabulary.
+    #[value(name = "qwen3moe-bench")]
+    Qwen3MoeBench,
     /// Tiny Phi-3 (Phi-4-mini style): fused qkv and gate_up, partial rotary 0.75, longrope.
     #[value(name = "tiny-phi3")]
     TinyPhi3,
@@ -176,9 +181,11 @@ impl Shape {
                 qkv_bias: true,
                 ..tiny
             },
-            Shape::TinyQwen3 | Shape::TinyGemma3 | Shape::TinyQwen3Moe | Shape::TinyPhi3 => {
-                families::spec(self, tiny)
-            }
+            Shape::TinyQwen3
+            | Shape::TinyGemma3
+            | Shape::TinyQwen3Moe
+            | Shape::Qwen3MoeBench
+            | Shape::TinyPhi3 => families::spec(self, tiny),
         }
     }
 }
