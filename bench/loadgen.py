@@ -4,7 +4,9 @@
 N concurrent clients each send REQS requests one after another to /v1/completions with `stream: true`,
 greedy sampling and EOS ignored, so every request generates exactly MAX_TOKENS tokens. Reports, as one
 JSON line: aggregate generated tokens/s over the run, TTFT p50/p99 and inter-token latency p50/p99
-(gaps between streamed chunks that carry text).
+(gaps between streamed chunks that carry text), and the decode rate after the first token summed over the
+requests (`decode_tok_s`). `--prompt-tokens N` sends N token ids as each prompt (exact lengths on both
+servers, different per stream).
 
     bench/loadgen.py --url http://127.0.0.1:8000 --model NAME --streams 16 --requests 2 --max-tokens 128
 
@@ -131,6 +133,10 @@ async def main():
     ap.add_argument("--requests", type=int, default=2, help="requests per stream")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-words", type=int, default=24)
+    ap.add_argument("--prompt-tokens", type=int,
+                    help="send N token ids as the prompt (the same length on every server; distinct per stream)")
+    ap.add_argument("--prompt-offset", type=int, default=0,
+                    help="with --prompt-tokens: another set of prompts (no prefix shared with other offsets)")
     ap.add_argument("--prompts", help="JSON list of prompts; stream i sends prompt i mod len")
     ap.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     ap.add_argument("--eos", action="store_true", help="do not ignore EOS")
@@ -146,6 +152,10 @@ async def main():
     def prompt(i):
         if prompts:
             return prompts[i % len(prompts)]
+        if args.prompt_tokens:
+            # Ordinary ids of any vocabulary above 30k, different for each stream (no shared prefix).
+            k = i + 1000 * args.prompt_offset
+            return [1000 + (k * 7919 + j * 104729) % 29000 for j in range(args.prompt_tokens)]
         return " ".join(f"word{(i * 7 + j) % 50}" for j in range(args.prompt_words)) + f" stream {i}"
 
     results, texts = [], [] if args.save_texts else None
@@ -158,13 +168,16 @@ async def main():
         texts.sort(key=lambda t: (t["stream"], t["request"]))
         json.dump(texts, open(args.save_texts, "w"))
     ttft = [s[0] - t for t, s, _ in results if s and not args.no_stream]
+    # Each request's decode rate after its first token, summed over the requests (they run side by side):
+    # the decode throughput without the prefill, which long prompts would otherwise dominate.
+    decode = sum((len(s) - 1) / (s[-1] - s[0]) for _, s, _ in results if len(s) > 1 and s[-1] > s[0])
     itl = [b - a for _, s, _ in results for a, b in zip(s, s[1:])]
     chunks = sum(len(s) for _, s, _ in results)
     tokens = sum(n for _, _, n in results)
     print(json.dumps({
         "streams": args.streams, "requests": len(results), "max_tokens": args.max_tokens,
         "tokens": tokens, "chunks": chunks, "wall_s": round(wall, 3),
-        "tok_s": round(tokens / wall, 1),
+        "tok_s": round(tokens / wall, 1), "decode_tok_s": round(decode, 1),
         "ttft_p50_ms": round(pct(ttft, 0.5) * 1e3, 1), "ttft_p99_ms": round(pct(ttft, 0.99) * 1e3, 1),
         "itl_p50_ms": round(pct(itl, 0.5) * 1e3, 2), "itl_p99_ms": round(pct(itl, 0.99) * 1e3, 2),
     }))
