@@ -56,6 +56,9 @@ struct Task<'a, E> {
     layout: &'a KvLayout,
     k_cache: &'a [E],
     v_cache: &'a [E],
+    /// An 8-bit cache's key and value scales (f16 bits, [`KvLayout::scale_offset`]); empty otherwise.
+    k_scales: &'a [u16],
+    v_scales: &'a [u16],
     scale: f32,
     /// The first position this row sees (0, or the start of its sliding window); positions before it
     /// in the walk's first chunk are masked.
@@ -65,13 +68,14 @@ struct Task<'a, E> {
 }
 
 /// A piece of the walk: `len` positions from slot `slot0` of one block, with the cache offsets of its
-/// first key (transposed layout) and first value.
+/// first key (transposed layout) and first value, and the index of its first scale (8-bit caches).
 #[derive(Clone, Copy)]
 struct Chunk {
     len: usize,
     slot0: usize,
     k: usize,
     v: usize,
+    s: usize,
 }
 
 impl<E> Task<'_, E> {
@@ -86,6 +90,7 @@ impl<E> Task<'_, E> {
             slot0,
             k: self.layout.key_offset(block, self.kv_head, slot0),
             v: self.layout.offset(block, self.kv_head, slot0),
+            s: self.layout.scale_offset(block, self.kv_head, slot0),
         }
     }
 
@@ -127,18 +132,57 @@ pub(crate) fn paged_attention(
         k_cache.len() >= layout.storage_words() && v_cache.len() >= layout.storage_words(),
         "cache shorter than its layout"
     );
+    let kv = |k, v| Cache {
+        k,
+        v,
+        k_scales: &[],
+        v_scales: &[],
+    };
     match layout.dtype {
-        KvDType::F32 => attend(isa, q, seqs, heads, layout, (k_cache, v_cache), out),
+        KvDType::F32 => attend(isa, q, seqs, heads, layout, kv(k_cache, v_cache), out),
         KvDType::F16 => attend::<u16>(
             isa,
             q,
             seqs,
             heads,
             layout,
-            (bytemuck::cast_slice(k_cache), bytemuck::cast_slice(v_cache)),
+            Cache {
+                k: bytemuck::cast_slice(k_cache),
+                v: bytemuck::cast_slice(v_cache),
+                k_scales: &[],
+                v_scales: &[],
+            },
             out,
         ),
+        KvDType::Q8_0 => {
+            let ((k, k_scales), (v, v_scales)) = (
+                super::kv_q8::parts(layout, k_cache),
+                super::kv_q8::parts(layout, v_cache),
+            );
+            attend::<i8>(
+                isa,
+                q,
+                seqs,
+                heads,
+                layout,
+                Cache {
+                    k,
+                    v,
+                    k_scales,
+                    v_scales,
+                },
+                out,
+            )
+        }
     }
+}
+
+/// One layer's K and V cache as `E` elements, and an 8-bit cache's scales (empty otherwise).
+struct Cache<'a, E> {
+    k: &'a [E],
+    v: &'a [E],
+    k_scales: &'a [u16],
+    v_scales: &'a [u16],
 }
 
 /// [`paged_attention`] on a cache of `E` elements.
@@ -148,9 +192,14 @@ fn attend<E: KvElem>(
     seqs: &[AttnSeq<'_>],
     heads: AttnHeads,
     layout: &KvLayout,
-    (k_cache, v_cache): (&[E], &[E]),
+    cache: Cache<'_, E>,
     out: &mut [f32],
 ) {
+    assert!(
+        !E::SCALED
+            || (cache.k_scales.len() >= layout.num_vectors() && cache.v_scales.len() >= layout.num_vectors()),
+        "scales shorter than the cache"
+    );
     let hd = heads.head_dim;
     let group = heads.num_heads / heads.num_kv_heads;
     let width = heads.num_heads * hd;
@@ -194,8 +243,10 @@ fn attend<E: KvElem>(
             pos: s.first_pos + w.row,
             kv_head: w.kv_head,
             layout,
-            k_cache,
-            v_cache,
+            k_cache: cache.k,
+            v_cache: cache.v,
+            k_scales: cache.k_scales,
+            v_scales: cache.v_scales,
             scale: heads.scale,
             lo: 0,
             window: heads.window,
@@ -446,6 +497,16 @@ unsafe fn walk<L: Lanes, S: Simd, E: KvElem, const G: usize, const P: usize>(
             // SAFETY: `S` is available (our contract); `at + c.len ≤ 2 · CHUNK` and `c.len ≤ CHUNK`;
             // `out` holds `G` vectors of `hd`.
             unsafe { softmax_step::<L, S, G>(&scores, at, c.len, (&mut m, &mut l), out, &mut probs) };
+            if E::SCALED {
+                // An 8-bit value is `q · scale`: the scale goes on its weight (after the sum `l`
+                // took the weight), so the values are only widened.
+                let vs = &t.v_scales[c.s..c.s + c.len];
+                for p in probs.iter_mut() {
+                    for (x, &s) in p.iter_mut().zip(vs) {
+                        *x *= half::f16::from_bits(s).to_f32();
+                    }
+                }
+            }
             // SAFETY: `c` is a chunk of `t` (from `t.chunk`), `out` holds `G · hd` values, `L` is
             // available and `t` consistent (our contract).
             unsafe { values::<L, E, G, P>(t, c, &probs, out) };
@@ -531,14 +592,14 @@ unsafe fn score_chunks<L: Lanes, E: KvElem, const G: usize>(
 ) {
     let (hd, bs) = (t.layout.head_dim, t.layout.block_size);
     let kc = t.k_cache.as_ptr();
-    // (cache offset of the group's first key, its first score index)
-    let mut groups = [(0usize, 0usize); 2 * CHUNK / 8];
+    // (cache offset of the group's first key, its first score index, its first key's scale index)
+    let mut groups = [(0usize, 0usize, 0usize); 2 * CHUNK / 8];
     let mut n = 0;
     for (c, at) in [(a, 0)].into_iter().chain(b.map(|c| (c, CHUNK))) {
         let mut off = 0;
         while off < c.len {
             if c.slot0 + off + L::W <= bs {
-                groups[n] = (c.k + off, at + off);
+                groups[n] = (c.k + off, at + off, c.s + off);
                 n += 1;
                 off += L::W;
                 continue;
@@ -551,7 +612,11 @@ unsafe fn score_chunks<L: Lanes, E: KvElem, const G: usize>(
                         // SAFETY: within block `c`'s keys (slot `c.slot0 + i < bs`).
                         s = L::scalar_fma(t.q[g * hd + d], unsafe { *kc.add(c.k + d * bs + i) }.to_f32(), s);
                     }
-                    scores[g][at + i] = s * t.scale;
+                    scores[g][at + i] = if E::SCALED {
+                        s * t.scale * half::f16::from_bits(t.k_scales[c.s + i]).to_f32()
+                    } else {
+                        s * t.scale
+                    };
                 }
             }
             break;
@@ -559,7 +624,8 @@ unsafe fn score_chunks<L: Lanes, E: KvElem, const G: usize>(
     }
     let mut i = 0;
     // SAFETY: a group was recorded only when `c.slot0 + off + W ≤ bs`, so its W keys of every dimension
-    // lie in its block's key rows, inside `t.k_cache` (block id < num_blocks, our contract); its score
+    // lie in its block's key rows, inside `t.k_cache` (block id < num_blocks, our contract), and its W
+    // scales among its block's (`attend` checked the scales cover every block); its score
     // index is `at + off` with `off` a multiple of W below `c.len ≤ CHUNK` (W divides CHUNK), so
     // `at + off + W ≤ at + CHUNK ≤ 2·CHUNK`. That, `L`, and `t.q` of `G` heads are `score_groups`' terms.
     unsafe {
@@ -581,13 +647,13 @@ unsafe fn score_chunks<L: Lanes, E: KvElem, const G: usize>(
 /// `N` lane groups of `W` keys each against `G` query heads: `G × N` chains over the head dimension.
 ///
 /// # Safety
-/// `L`'s instruction set is available; `t.q` holds `G · head_dim` values; for every `(off, at)` in
+/// `L`'s instruction set is available; `t.q` holds `G · head_dim` values; for every `(off, at, si)` in
 /// `groups`, the `L::W` keys at `off + d · block_size` lie in `t.k_cache` for every `d < head_dim`,
-/// and `at + L::W ≤ 2 · CHUNK`.
+/// `at + L::W ≤ 2 · CHUNK`, and (8-bit caches) the `L::W` scales at `si` lie in `t.k_scales`.
 #[inline(always)]
 unsafe fn score_groups<L: Lanes, E: KvElem, const G: usize, const N: usize>(
     t: &Task<'_, E>,
-    groups: [(usize, usize); N],
+    groups: [(usize, usize, usize); N],
     scores: &mut [[f32; 2 * CHUNK]; G],
 ) {
     let (hd, bs) = (t.layout.head_dim, t.layout.block_size);
@@ -599,7 +665,7 @@ unsafe fn score_groups<L: Lanes, E: KvElem, const G: usize, const N: usize>(
         let mut acc = [[L::zero(); N]; G];
         for d in 0..hd {
             let mut k = [L::zero(); N];
-            for (kv, &(off, _)) in k.iter_mut().zip(&groups) {
+            for (kv, &(off, _, _)) in k.iter_mut().zip(&groups) {
                 // SAFETY: the group's W keys lie within one block (checked by the caller).
                 *kv = E::load::<L>(kc.add(off + d * bs));
             }
@@ -611,10 +677,21 @@ unsafe fn score_groups<L: Lanes, E: KvElem, const G: usize, const N: usize>(
             }
         }
         let scale = L::splat(t.scale);
+        // An 8-bit key is `q · scale`: its scale goes on the score (the W keys' scales are contiguous,
+        // in `t.k_scales` at `si..si + W`, within the block as the keys are).
+        let key_scales: [L::V; N] = std::array::from_fn(|i| {
+            if E::SCALED {
+                L::load_f16(t.k_scales.as_ptr().add(groups[i].2))
+            } else {
+                L::zero()
+            }
+        });
         for (g, row) in acc.iter().enumerate() {
-            for (a, &(_, at)) in row.iter().zip(&groups) {
+            for (i, (a, &(_, at, _))) in row.iter().zip(&groups).enumerate() {
                 // `at + W ≤ 2 · CHUNK`: groups start at multiples of W within a chunk of ≤ CHUNK keys.
-                L::store(scores[g].as_mut_ptr().add(at), L::mul(*a, scale));
+                let s = L::mul(*a, scale);
+                let s = if E::SCALED { L::mul(s, key_scales[i]) } else { s };
+                L::store(scores[g].as_mut_ptr().add(at), s);
             }
         }
     }

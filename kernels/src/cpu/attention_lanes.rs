@@ -1,6 +1,6 @@
 //! The vector lanes paged attention (`super`) runs on — [`Lanes`]: 8 lanes of a [`Simd`]
 //! implementation (portable or AVX2) or 16 AVX-512 lanes — and the cache elements it reads
-//! ([`KvElem`]: f32, or f16 widened exactly).
+//! ([`KvElem`]: f32, f16 or i8, widened exactly).
 //!
 //! Invariant: every operation is the same per lane whatever the width ([`Lanes::fma`] is fused
 //! exactly when [`Lanes::scalar_fma`] is), so a chain computed on 8 or 16 lanes gives the same bits.
@@ -36,6 +36,11 @@ pub(super) trait Lanes: Copy {
     /// # Safety
     /// `p..p + W` must be readable (any alignment); `Self`'s instruction set available.
     unsafe fn load_f16(p: *const u16) -> Self::V;
+    /// `W` i8 from `p`, widened exactly.
+    ///
+    /// # Safety
+    /// `p..p + W` must be readable (any alignment); `Self`'s instruction set available.
+    unsafe fn load_i8(p: *const i8) -> Self::V;
     /// `W` f32 to `p`.
     ///
     /// # Safety
@@ -92,6 +97,12 @@ impl<S: Simd> Lanes for Eight<S> {
         // SAFETY: with `W = 8`, `Lanes::load_f16`'s contract (8 readable u16 at `p`, `S` available) is
         // `S::load_f16`'s.
         unsafe { S::load_f16(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_i8(p: *const i8) -> S::V {
+        // SAFETY: with `W = 8`, `Lanes::load_i8`'s contract (8 readable i8 at `p`, `S` available) is
+        // `S::load_i8`'s.
+        unsafe { S::load_i8(p) }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: S::V) {
@@ -158,6 +169,13 @@ impl Lanes for Sixteen {
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
     #[inline(always)]
+    unsafe fn load_i8(p: *const i8) -> Self::V {
+        use std::arch::x86_64::*;
+        // SAFETY: 16 i8 at `p` are the 16 readable bytes the unaligned `_mm_loadu_si128` reads
+        // (`Lanes::load_i8`'s contract); the widenings need AVX-512F, which the contract gives.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
+    }
+    #[inline(always)]
     unsafe fn store(p: *mut f32, v: Self::V) {
         // SAFETY: 16 f32 at `p` are writable and AVX-512F is available (`Lanes::store`'s contract);
         // `storeu` needs no alignment.
@@ -216,8 +234,11 @@ impl Lanes for Sixteen {
     }
 }
 
-/// A cache element: `f32`, or `u16` holding the bits of an f16 (widened exactly when read).
+/// A cache element: `f32`, `u16` holding the bits of an f16 (widened exactly when read), or `i8` of an
+/// 8-bit cache (widened exactly; its vector's scale applied by the kernel).
 pub(super) trait KvElem: Copy + Send + Sync {
+    /// Whether each cached vector carries a scale (`t.k_scales`, `t.v_scales` of the walk).
+    const SCALED: bool = false;
     /// `L::W` elements from `p` as f32 lanes.
     ///
     /// # Safety
@@ -248,5 +269,18 @@ impl KvElem for u16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         half::f16::from_bits(self).to_f32()
+    }
+}
+
+impl KvElem for i8 {
+    const SCALED: bool = true;
+    #[inline(always)]
+    unsafe fn load<L: Lanes>(p: *const i8) -> L::V {
+        // SAFETY: `KvElem::load`'s contract (`L::W` readable i8 at `p`, `L` available) is `L::load_i8`'s.
+        unsafe { L::load_i8(p) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
     }
 }

@@ -1,4 +1,4 @@
-//! Tests of the paged attention kernels (`super`): the dense reference on both cache element types and
+//! Tests of the paged attention kernels (`super`): the dense reference on every cache element type and
 //! every ISA, identical bits across ISAs, and a row alone against the same row in a prefill chunk
 //! (whose rows share walks of the context, split differently on 1, 2 and 3 threads).
 
@@ -48,11 +48,12 @@ fn key_val(
     let (block, slot) = (table[p / l.block_size] as usize, p % l.block_size);
     let k0 = l.key_offset(block, h, slot);
     let v0 = l.offset(block, h, slot);
+    let si = l.scale_offset(block, h, slot);
     (
         (0..l.head_dim)
-            .map(|d| elem(l, kc, k0 + d * l.block_size))
+            .map(|d| elem(l, kc, k0 + d * l.block_size, si))
             .collect(),
-        (0..l.head_dim).map(|d| elem(l, vc, v0 + d)).collect(),
+        (0..l.head_dim).map(|d| elem(l, vc, v0 + d, si)).collect(),
     )
 }
 
@@ -69,14 +70,25 @@ fn random_cache(l: &KvLayout, seed: u64) -> Vec<f32> {
             }
             buf
         }
+        KvDType::Q8_0 => {
+            // Every slot written as the engine writes it: each head vector quantized with its scale.
+            let (mut buf, mut other) = (vec![0.0f32; l.storage_words()], vec![0.0f32; l.storage_words()]);
+            let slots: Vec<u32> = (0..(l.num_blocks * l.block_size) as u32).collect();
+            crate::cpu::elementwise::write_kv(&vals, &vals, &slots, l, &mut buf, &mut other);
+            buf
+        }
     }
 }
 
-/// Element `i` of a cache buffer, as f32.
-fn elem(l: &KvLayout, buf: &[f32], i: usize) -> f32 {
+/// Element `i` of a cache buffer, as f32 (`si`: the index of its vector's scale, 8-bit caches).
+fn elem(l: &KvLayout, buf: &[f32], i: usize, si: usize) -> f32 {
     match l.dtype {
         KvDType::F32 => buf[i],
         KvDType::F16 => half::f16::from_bits(bytemuck::cast_slice::<f32, u16>(buf)[i]).to_f32(),
+        KvDType::Q8_0 => {
+            let (q, scales) = crate::cpu::kv_q8::parts(l, buf);
+            crate::cpu::kv_q8::dequantize(q[i], scales[si])
+        }
     }
 }
 
@@ -110,11 +122,11 @@ fn windows(bs: usize) -> [Option<usize>; 3] {
     [None, Some(3), Some(3 * bs + 2)]
 }
 
-/// Every shape with both cache element types.
+/// Every shape with every cache element type.
 fn cases() -> impl Iterator<Item = ((usize, usize, usize, usize), KvDType)> {
     SHAPES
         .into_iter()
-        .flat_map(|s| [(s, KvDType::F32), (s, KvDType::F16)])
+        .flat_map(|s| [(s, KvDType::F32), (s, KvDType::F16), (s, KvDType::Q8_0)])
 }
 
 /// Shapes: (query heads, KV heads, head_dim, block_size). Covers whole-register key groups (16),

@@ -160,6 +160,33 @@ pub(crate) fn write_kv(
             bytemuck::cast_slice_mut::<f32, u16>(v_cache),
             |x| half::f16::from_f32(x).to_bits(),
         ),
+        KvDType::Q8_0 => {
+            write_kv_q8(k, slots, layout, k_cache, true);
+            write_kv_q8(v, slots, layout, v_cache, false);
+        }
+    }
+}
+
+/// [`write_kv`] into an 8-bit cache: each head vector quantized with its own scale
+/// ([`super::kv_q8`]); keys transposed within the block, values as rows.
+fn write_kv_q8(x: &[f32], slots: &[u32], layout: &KvLayout, cache: &mut [f32], keys: bool) {
+    let (hd, bs) = (layout.head_dim, layout.block_size);
+    let width = layout.num_kv_heads * hd;
+    let (elems, scales) = super::kv_q8::parts_mut(layout, cache);
+    for (r, &slot) in slots.iter().enumerate() {
+        let (block, s) = (slot as usize / bs, slot as usize % bs);
+        assert!(block < layout.num_blocks, "slot {slot} outside the KV cache");
+        for h in 0..layout.num_kv_heads {
+            let src = &x[r * width + h * hd..][..hd];
+            let scale = if keys {
+                let k0 = layout.key_offset(block, h, s);
+                super::kv_q8::quantize(src, |d, q| elems[k0 + d * bs] = q)
+            } else {
+                let v0 = layout.offset(block, h, s);
+                super::kv_q8::quantize(src, |d, q| elems[v0 + d] = q)
+            };
+            scales[layout.scale_offset(block, h, s)] = scale;
+        }
     }
 }
 
@@ -372,35 +399,54 @@ mod tests {
     }
 
     #[test]
-    fn kv_writes_keys_transposed_and_values_as_rows_in_either_element_type() {
-        for dtype in [KvDType::F32, KvDType::F16] {
+    fn kv_writes_keys_transposed_and_values_as_rows_in_every_element_type() {
+        for dtype in [KvDType::F32, KvDType::F16, KvDType::Q8_0] {
             let l = KvLayout {
                 num_blocks: 3,
                 block_size: 4,
                 num_kv_heads: 2,
-                head_dim: 3,
+                head_dim: if dtype == KvDType::Q8_0 { 4 } else { 3 },
                 dtype,
             };
+            let hd = l.head_dim;
             let (mut kc, mut vc) = (vec![0.0f32; l.storage_words()], vec![0.0f32; l.storage_words()]);
-            // Two rows (slots 9 and 2), each with 2 heads × 3 dims.
-            let k: Vec<f32> = (0..12).map(|i| i as f32 + 0.1).collect();
-            let v: Vec<f32> = (0..12).map(|i| -(i as f32) - 0.1).collect();
+            // Two rows (slots 9 and 2), each with 2 heads × `hd` dims.
+            let k: Vec<f32> = (0..4 * hd).map(|i| i as f32 + 0.1).collect();
+            let v: Vec<f32> = (0..4 * hd).map(|i| -(i as f32) - 0.1).collect();
             write_kv(&k, &v, &[9, 2], &l, &mut kc, &mut vc);
-            let read = |buf: &[f32], i: usize| match dtype {
+            // Element `i` of the vector at (b, h, s), as attention reads it.
+            let read = |buf: &[f32], i: usize, (b, h, s): (usize, usize, usize)| match dtype {
                 KvDType::F32 => buf[i],
                 KvDType::F16 => half::f16::from_bits(bytemuck::cast_slice::<f32, u16>(buf)[i]).to_f32(),
-            };
-            let round = |x: f32| match dtype {
-                KvDType::F32 => x,
-                KvDType::F16 => half::f16::from_f32(x).to_f32(),
+                KvDType::Q8_0 => {
+                    let (q, sc) = super::super::kv_q8::parts(&l, buf);
+                    super::super::kv_q8::dequantize(q[i], sc[l.scale_offset(b, h, s)])
+                }
             };
             for (r, slot) in [9usize, 2].into_iter().enumerate() {
                 for h in 0..2 {
-                    for d in 0..3 {
-                        let src = r * 6 + h * 3 + d;
+                    let src = r * 2 * hd + h * hd;
+                    // A vector's scale follows its largest element (the last: values grow with `i`).
+                    let step = (k[src + hd - 1].abs().max(v[src + hd - 1].abs())) / 127.0;
+                    let close = |a: f32, b: f32| match dtype {
+                        KvDType::F32 => a == b,
+                        KvDType::F16 => a == half::f16::from_f32(b).to_f32(),
+                        KvDType::Q8_0 => (a - b).abs() <= step * 0.51,
+                    };
+                    for d in 0..hd {
                         let (b, s) = (slot / 4, slot % 4);
-                        assert_eq!(read(&kc, l.key_offset(b, h, s) + d * 4), round(k[src]));
-                        assert_eq!(read(&vc, l.offset(b, h, s) + d), round(v[src]));
+                        let kr = read(&kc, l.key_offset(b, h, s) + d * 4, (b, h, s));
+                        let vr = read(&vc, l.offset(b, h, s) + d, (b, h, s));
+                        assert!(
+                            close(kr, k[src + d]),
+                            "{dtype:?} key {r} {h} {d}: {kr} vs {}",
+                            k[src + d]
+                        );
+                        assert!(
+                            close(vr, v[src + d]),
+                            "{dtype:?} value {r} {h} {d}: {vr} vs {}",
+                            v[src + d]
+                        );
                     }
                 }
             }

@@ -9,6 +9,7 @@ mod attention;
 mod bfpanels;
 mod elementwise;
 mod encoder;
+mod kv_q8;
 mod matmul;
 mod packed;
 #[cfg(target_arch = "x86_64")]

@@ -154,6 +154,11 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// # Safety
     /// `p..p + 8` must be readable u16 (any alignment); `Self`'s instruction set available.
     unsafe fn load_f16(p: *const u16) -> Self::V;
+    /// Eight `i8` from `p`, widened exactly.
+    ///
+    /// # Safety
+    /// `p..p + 8` must be readable (any alignment); `Self`'s instruction set available.
+    unsafe fn load_i8(p: *const i8) -> Self::V;
     /// Eight bf16 (as bits) from `p`, widened.
     ///
     /// # Safety
@@ -240,6 +245,12 @@ impl Simd for Portable {
         // SAFETY: `p..p + 8` is readable (`Simd::load_f16`'s contract); unaligned read of plain `u16`s.
         let bits = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
         bits.map(|b| f16::from_bits(b).to_f32())
+    }
+    #[inline(always)]
+    unsafe fn load_i8(p: *const i8) -> Self::V {
+        // SAFETY: `p..p + 8` is readable (`Simd::load_i8`'s contract); unaligned read of plain `i8`s.
+        let q = unsafe { p.cast::<[i8; 8]>().read_unaligned() };
+        q.map(|v| v as f32)
     }
     #[inline(always)]
     unsafe fn load_bf16(p: *const u16) -> Self::V {
@@ -329,6 +340,12 @@ mod avx2 {
             // SAFETY: 8 u16 at `p` are the 16 readable bytes the unaligned `_mm_loadu_si128` reads
             // (`Simd::load_f16`'s contract); `_mm256_cvtph_ps` needs F16C, which the caller guarantees.
             unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load_i8(p: *const i8) -> Self::V {
+            // SAFETY: 8 i8 at `p` are the 8 readable bytes the unaligned `_mm_loadl_epi64` reads
+            // (`Simd::load_i8`'s contract); the widenings need AVX2, which the caller guarantees.
+            unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))) }
         }
         #[inline(always)]
         unsafe fn load_bf16(p: *const u16) -> Self::V {

@@ -442,6 +442,7 @@ pub fn serve_args(md: &ModelDeployment, runtime: &RuntimeSpec, cfg: &OperatorCon
     let kv = runtime.kv_cache.clone().unwrap_or_default();
     flag("block-size", kv.block_size.map(|v| v.to_string()));
     flag("num-kv-blocks", kv.num_blocks.map(|v| v.to_string()));
+    flag("kv-cache-dtype", kv.dtype.map(|d| d.flag().to_string()));
     let lora = runtime.lora.clone().unwrap_or_default();
     flag("max-loras", lora.max_loras.map(|v| v.to_string()));
     flag("max-cpu-loras", lora.max_cpu_loras.map(|v| v.to_string()));

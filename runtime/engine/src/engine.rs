@@ -104,6 +104,15 @@ impl<K: Kernels> Engine<K> {
                 message: "must be >= 1, got 0".into(),
             });
         }
+        if cfg.kv_cache_dtype == KvDType::Q8_0 && model_dir.config.head_dim % 2 != 0 {
+            return Err(EngineError::InvalidParam {
+                field: "kv_cache_dtype",
+                message: format!(
+                    "q8_0 needs an even head_dim (its scales follow the elements on 2-byte boundaries); this model's is {}",
+                    model_dir.config.head_dim
+                ),
+            });
+        }
         let mut config = model_dir.config.clone();
         config.serving_context = max_model_len;
         let blocks = cfg.num_kv_blocks.unwrap_or_else(|| {
@@ -206,6 +215,12 @@ impl<K: Kernels> Engine<K> {
             return Err(bad(format!(
                 "its context ({}) is shorter than max_model_len ({})",
                 md.config.max_position_embeddings, self.max_model_len
+            )));
+        }
+        if self.cache.layout.dtype == KvDType::Q8_0 && md.config.head_dim % 2 != 0 {
+            return Err(bad(format!(
+                "its head_dim ({}) is odd, which a q8_0 KV cache cannot hold",
+                md.config.head_dim
             )));
         }
         let mut config = md.config.clone();

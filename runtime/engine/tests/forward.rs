@@ -111,7 +111,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn logits_are_bit_identical_alone_or_in_a_mixed_batch() {
-    for dtype in [KvDType::F32, KvDType::F16] {
+    for dtype in [KvDType::F32, KvDType::F16, KvDType::Q8_0] {
         mixed_batch_matches_alone(&fixture(Dtype::F32, 2), dtype);
     }
 }
@@ -174,26 +174,30 @@ fn mixed_batch_matches_alone(f: &Fixture, dtype: KvDType) {
 }
 
 #[test]
-fn an_f16_kv_cache_tracks_f32() {
+fn an_f16_and_an_8_bit_kv_cache_track_f32() {
     let f = fixture(Dtype::F32, 2);
-    for seed in 0..4 {
-        let p = prompt(20 + seed, 30);
-        let (a, b) = (alone(&f, &p), alone_as(&f, &p, KvDType::F16));
-        let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
-        let spread = a.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        assert!(
-            max < 0.01 * spread.max(1.0),
-            "max |Δ| {max} (logits up to {spread})"
-        );
-        assert!(max > 0.0, "the cache really is f16");
-        for (r, (x, y)) in a.chunks(VOCAB).zip(b.chunks(VOCAB)).enumerate() {
-            let top = |v: &[f32]| (0..VOCAB).fold(0, |m, i| if v[i] > v[m] { i } else { m });
-            let (tx, ty) = (top(x), top(y));
-            // The same top token, unless the f32 logits are a near tie.
+    // f16 rounds each element to 11 significant bits, q8_0 to 1/254 of its vector's largest: the
+    // logits move by a bounded amount and keep the top token.
+    for (dtype, bound) in [(KvDType::F16, 0.01), (KvDType::Q8_0, 0.03)] {
+        for seed in 0..4 {
+            let p = prompt(20 + seed, 30);
+            let (a, b) = (alone(&f, &p), alone_as(&f, &p, dtype));
+            let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+            let spread = a.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             assert!(
-                tx == ty || (x[tx] - x[ty]).abs() < 2.0 * max,
-                "row {r}: {tx} vs {ty}"
+                max < bound * spread.max(1.0),
+                "{dtype:?}: max |Δ| {max} (logits up to {spread})"
             );
+            assert!(max > 0.0, "the cache really is {dtype:?}");
+            for (r, (x, y)) in a.chunks(VOCAB).zip(b.chunks(VOCAB)).enumerate() {
+                let top = |v: &[f32]| (0..VOCAB).fold(0, |m, i| if v[i] > v[m] { i } else { m });
+                let (tx, ty) = (top(x), top(y));
+                // The same top token, unless the f32 logits are a near tie.
+                assert!(
+                    tx == ty || (x[tx] - x[ty]).abs() < 2.0 * max,
+                    "{dtype:?} row {r}: {tx} vs {ty}"
+                );
+            }
         }
     }
 }

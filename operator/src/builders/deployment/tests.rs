@@ -238,7 +238,7 @@ fn spec_fields_become_flags_mounts_and_resources() {
     let md = md(&format!(
         "  model:\n    uri: hf://org/m@v1\n    digest: \"{DIGEST}\"\n    servedName: chat\n  runtime:\n    \
          image: registry/runtime:v2\n    threads: 4\n    maxNumSeqs: 64\n    queue:\n      maxNumQueuedReqs: 100\n    \
-         kvCache:\n      blockSize: 32\n    prefixCaching:\n      enabled: true\n      scope: Deployment\n    \
+         kvCache:\n      blockSize: 32\n      dtype: q8_0\n    prefixCaching:\n      enabled: true\n      scope: Deployment\n    \
          resources:\n      limits:\n        nvidia.com/gpu: \"1\"\n    extraArgs: [\"--seed-base\", \"7\"]\n    \
          env:\n    - name: RUST_LOG\n      value: debug\n  tenants:\n    secretRef:\n      name: keys\n"
     ));
@@ -259,6 +259,7 @@ fn spec_fields_become_flags_mounts_and_resources() {
         "--max-num-seqs 64",
         "--max-num-queued-reqs 100",
         "--block-size 32",
+        "--kv-cache-dtype q8_0",
         "--enable-prefix-caching --prefix-cache-scope deployment",
     ] {
         assert!(args.contains(expected), "{expected:?} missing from {args}");

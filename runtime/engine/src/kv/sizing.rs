@@ -32,6 +32,7 @@
 
 use super::KvGroups;
 use crate::error::{EngineError, Result};
+use modelfleet_kernels::KvDType;
 use std::fmt;
 
 /// Bytes in a MiB, for messages.
@@ -79,14 +80,15 @@ pub struct KvShape {
     pub num_kv_heads: usize,
     /// Elements per head.
     pub head_dim: usize,
-    /// Bytes per cached element (`--kv-cache-dtype`: 4 for f32, 2 for f16).
-    pub elem_bytes: usize,
+    /// How each element is cached (`--kv-cache-dtype`: 4 bytes for f32, 2 for f16, 1 plus a 2-byte
+    /// scale per head vector for q8_0).
+    pub dtype: KvDType,
 }
 
 impl KvShape {
     /// Bytes of K and V for one token over all layers.
     pub fn bytes_per_token(&self) -> u64 {
-        2 * (self.num_layers * self.num_kv_heads * self.head_dim * self.elem_bytes) as u64
+        2 * (self.num_layers * self.num_kv_heads * self.dtype.vector_bytes(self.head_dim)) as u64
     }
 }
 
@@ -341,7 +343,7 @@ mod tests {
         num_layers: 80,
         num_kv_heads: 8,
         head_dim: 128,
-        elem_bytes: 2,
+        dtype: KvDType::F16,
     };
 
     fn inputs(footprint: Footprint, max_model_len: usize) -> PoolInputs {
@@ -350,7 +352,7 @@ mod tests {
                 num_layers: 2,
                 num_kv_heads: 2,
                 head_dim: 16,
-                elem_bytes: 4,
+                dtype: KvDType::F32,
             },
             groups: KvGroups::uniform(2),
             step: 512,

@@ -72,7 +72,7 @@ pub struct CacheConfigInfo {
     pub block_size: usize,
     /// KV blocks in the pool (vLLM calls them GPU blocks).
     pub num_gpu_blocks: usize,
-    /// `--kv-cache-dtype` as given (`auto`, `float32`, `float16`).
+    /// `--kv-cache-dtype` as given (`auto`, `float32`, `float16`, `q8_0`).
     pub cache_dtype: String,
     /// Prefix caching on.
     pub enable_prefix_caching: bool,

@@ -144,7 +144,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<Report> {
         kv_cache_dtype: args.kv_cache_dtype.name(),
         settings: PoolSettings {
             block_size: args.block_size,
-            kv_elem_bytes: args.kv_cache_dtype.kv_dtype().bytes(),
+            kv_dtype: args.kv_cache_dtype.kv_dtype(),
             max_model_len: args.max_model_len,
             max_num_seqs: args.max_num_seqs,
             max_num_batched_tokens: args.max_num_batched_tokens,
@@ -272,6 +272,32 @@ mod tests {
             run_plan(&["--max-model-len", "8192"]).kv_bytes_per_token,
             640 * 1024
         );
+    }
+
+    #[test]
+    fn an_8_bit_cache_holds_1_9x_the_tokens_of_f16() {
+        // 80 layers x 8 KV heads x (128 bytes + a 2-byte scale) x 2 = 166,400 bytes per token.
+        let q8 = run_plan(&["--max-model-len", "8192", "--kv-cache-dtype", "q8_0"]);
+        assert_eq!(q8.kv_bytes_per_token, 2 * 80 * 8 * 130);
+        assert_eq!(q8.kv_bytes_per_token_float16, 320 * 1024);
+        let text = q8.text();
+        assert!(text.contains("1.97x the tokens of float16"), "{text}");
+        let pool = |dtype: &str| {
+            run_plan(&[
+                "--max-model-len",
+                "8192",
+                "--kv-cache-dtype",
+                dtype,
+                "--memory",
+                "160g",
+            ])
+            .memory
+            .unwrap()
+        };
+        let (f16, q8) = (pool("float16"), pool("q8_0"));
+        assert_eq!(f16.kv_pool_bytes, q8.kv_pool_bytes);
+        let ratio = q8.kv_tokens as f64 / f16.kv_tokens as f64;
+        assert!(ratio >= 1.9, "{} vs {} tokens", q8.kv_tokens, f16.kv_tokens);
     }
 
     #[test]

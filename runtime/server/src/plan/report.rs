@@ -15,7 +15,8 @@
 //! bytes per token are a request's blocks at the longest context over its tokens.
 
 use crate::serve::memory::{PoolSettings, inputs_for};
-use modelfleet_engine::kv::sizing::{Derivation, PoolInputs, PoolSource, derive_pool};
+use modelfleet_engine::kernels::KvDType;
+use modelfleet_engine::kv::sizing::{Derivation, KvShape, PoolInputs, PoolSource, derive_pool};
 use modelfleet_engine::model::ModelConfig;
 use serde::Serialize;
 
@@ -123,6 +124,8 @@ pub struct Report {
     /// K and V of one token over all layers, at `max_model_len` (a sliding-window layer's share
     /// spread over the whole context).
     pub kv_bytes_per_token: u64,
+    /// `kv_bytes_per_token` with `--kv-cache-dtype float16` (what the other element types compare to).
+    pub kv_bytes_per_token_float16: u64,
     /// K and V of one token over all layers as a full-attention allocation holds them (what
     /// `kv_bytes_per_token` is without KV-cache groups).
     pub kv_bytes_per_token_full_attention: u64,
@@ -183,9 +186,13 @@ struct KvFigures {
 }
 
 impl KvFigures {
-    fn of(c: &ModelConfig, p: &PoolInputs, elem_bytes: usize) -> Self {
+    fn of(c: &ModelConfig, p: &PoolInputs) -> Self {
         let (len, groups, bs) = (p.max_model_len, &p.groups, p.block_size.max(1));
-        let full_per_token = 2 * (c.num_layers * c.num_kv_heads * c.head_dim * elem_bytes) as u64;
+        let full_per_token = KvShape {
+            num_layers: c.num_layers,
+            ..p.shape
+        }
+        .bytes_per_token();
         let (steady_blocks, peak_blocks) =
             (groups.blocks_for(len, 1, bs), groups.blocks_for(len, p.step, bs));
         let grouped = groups.len() > 1 || groups.windows().iter().any(Option::is_some);
@@ -213,7 +220,7 @@ pub fn compute(input: &Input<'_>) -> Report {
     let weight_bytes = weights.iter().map(|w| w.bytes).sum();
     let pool_inputs = inputs_for(c, weight_bytes, &input.settings);
     let len = pool_inputs.max_model_len;
-    let kv = KvFigures::of(c, &pool_inputs, input.settings.kv_elem_bytes);
+    let kv = KvFigures::of(c, &pool_inputs);
     let (per_token, per_request, full_per_token) = (kv.per_token, kv.per_request, kv.full_per_token);
     let (steady, peak) = (kv.steady_blocks, kv.peak_blocks);
     // A sliding-window layer's query at position `len` scores its window's keys only.
@@ -258,6 +265,10 @@ pub fn compute(input: &Input<'_>) -> Report {
         kv_cache_dtype: input.kv_cache_dtype.into(),
         max_model_len: len,
         kv_bytes_per_token: per_token,
+        kv_bytes_per_token_float16: {
+            let (hd, dtype) = (c.head_dim, pool_inputs.shape.dtype);
+            per_token * KvDType::F16.vector_bytes(hd) as u64 / dtype.vector_bytes(hd).max(1) as u64
+        },
         kv_bytes_per_token_full_attention: full_per_token,
         kv_groups: kv.grouped.then(|| describe_groups(&pool_inputs.groups)),
         kv_bytes_per_request: per_request,
@@ -344,9 +355,17 @@ impl Report {
                 self.weights_source
             ),
             format!(
-                "KV bytes per token:    {} (--kv-cache-dtype {})",
+                "KV bytes per token:    {} (--kv-cache-dtype {}{})",
                 b(self.kv_bytes_per_token),
-                self.kv_cache_dtype
+                self.kv_cache_dtype,
+                if self.kv_bytes_per_token == self.kv_bytes_per_token_float16 {
+                    String::new()
+                } else {
+                    format!(
+                        ": {:.2}x the tokens of float16 in the same memory",
+                        self.kv_bytes_per_token_float16 as f64 / self.kv_bytes_per_token.max(1) as f64
+                    )
+                }
             ),
             format!(
                 "KV per request:        {} at {} tokens",

@@ -253,7 +253,7 @@ impl ServeArgs {
         };
         let settings = PoolSettings {
             block_size: self.block_size,
-            kv_elem_bytes: self.kv_cache_dtype.kv_dtype().bytes(),
+            kv_dtype: self.kv_cache_dtype.kv_dtype(),
             max_model_len: self.max_model_len,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,

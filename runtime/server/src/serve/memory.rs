@@ -13,7 +13,7 @@
 //! `g`, `t` decimal; `K`, `M`, `G`, `T` binary) and Kubernetes' binary ones (`Ki`, `Mi`, `Gi`, `Ti`).
 
 use modelfleet_engine::ModelDir;
-use modelfleet_engine::kernels::QuantKind;
+use modelfleet_engine::kernels::{KvDType, QuantKind};
 use modelfleet_engine::kv::KvGroups;
 use modelfleet_engine::kv::sizing::{self, Footprint, KvShape, PoolInputs, PoolPlan, PoolSource};
 use std::path::{Path, PathBuf};
@@ -105,8 +105,8 @@ pub fn cgroup_limit(proc_cgroup: &Path, root: &Path) -> Option<(u64, PathBuf)> {
 pub struct PoolSettings {
     /// `--block-size`.
     pub block_size: usize,
-    /// Bytes per cached element (`--kv-cache-dtype`).
-    pub kv_elem_bytes: usize,
+    /// The KV cache's element type (`--kv-cache-dtype`).
+    pub kv_dtype: KvDType,
     /// `--max-model-len`, if given.
     pub max_model_len: Option<usize>,
     /// `--max-num-seqs`.
@@ -154,7 +154,7 @@ pub fn inputs_for(c: &modelfleet_engine::model::ModelConfig, weights: u64, s: &P
             num_layers: groups.width(),
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
-            elem_bytes: s.kv_elem_bytes,
+            dtype: s.kv_dtype,
         },
         groups,
         step: s.max_num_batched_tokens,
@@ -195,7 +195,7 @@ pub fn with_draft(
         num_layers: c.num_layers,
         num_kv_heads: c.num_kv_heads,
         head_dim: c.head_dim,
-        elem_bytes: s.kv_elem_bytes,
+        dtype: s.kv_dtype,
     }
     .bytes_per_token();
     let weights = held_weight_bytes(draft);
