@@ -35,7 +35,7 @@ fn check(layout: &KvLayout, words: usize) {
     assert_eq!(layout.dtype, KvDType::Q8_0, "an 8-bit KV cache");
     // The scales start right after the elements: on a 2-byte boundary only for an even head_dim.
     assert!(
-        layout.head_dim % 2 == 0,
+        layout.head_dim.is_multiple_of(2),
         "an 8-bit KV cache needs an even head_dim, not {}",
         layout.head_dim
     );

@@ -104,7 +104,7 @@ impl<K: Kernels> Engine<K> {
                 message: "must be >= 1, got 0".into(),
             });
         }
-        if cfg.kv_cache_dtype == KvDType::Q8_0 && model_dir.config.head_dim % 2 != 0 {
+        if cfg.kv_cache_dtype == KvDType::Q8_0 && !model_dir.config.head_dim.is_multiple_of(2) {
             return Err(EngineError::InvalidParam {
                 field: "kv_cache_dtype",
                 message: format!(
@@ -217,7 +217,7 @@ impl<K: Kernels> Engine<K> {
                 md.config.max_position_embeddings, self.max_model_len
             )));
         }
-        if self.cache.layout.dtype == KvDType::Q8_0 && md.config.head_dim % 2 != 0 {
+        if self.cache.layout.dtype == KvDType::Q8_0 && !md.config.head_dim.is_multiple_of(2) {
             return Err(bad(format!(
                 "its head_dim ({}) is odd, which a q8_0 KV cache cannot hold",
                 md.config.head_dim
