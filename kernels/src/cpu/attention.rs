@@ -19,6 +19,11 @@
 //!   `acc = acc · e^(m − m')`, then `acc[d] = fma(p_i, v_i[d], acc[d])` for the chunk's keys in order;
 //! - finally `out = acc · (1 / l)`.
 //!
+//! An 8-bit cache ([`KvDType::Q8_0`]) holds integers `k[d]`, `v[d]` and a scale per cached vector: a
+//! score is then `(s · scale) · k_scale` (the chain over the integers unchanged), and the value pass
+//! uses `p_i · v_scale_i` after `l` took `p_i`, so the integers are only widened, never rescaled in
+//! the cache, and the lanes still agree bit for bit.
+//!
 //! Several rows of one sequence share a walk up to the last chunk boundary their contexts have in
 //! common (every chunk before it is the same whole chunk for each of them), then each row finishes its
 //! own last chunks alone: so each cached key and value is loaded and widened once per walk, not once
